@@ -1,0 +1,25 @@
+"""DAPO core: the objective, its data contract and its metrics, free of I/O and engines.
+
+Importing ``dapo`` needs only torch (and numpy through torch). Both regimes, the toy
+benchmarks (``toybench``) and the accelerate + vLLM trainer (``scale``), call these same
+functions.
+"""
+
+from .advantages import group_advantages
+from .batch import BatchError, RolloutBatch
+from .config import GRPO, LADDER, PRESETS, SWITCHES, AlgoConfig, ConfigError, with_switches
+from .loss import aggregate, policy_loss, tis_weights, window_denominator
+from .metrics import SCHEMA, rollout_metrics, token_metrics
+from .rewards import config_reward, outcome_reward, score_integer_answer, soft_overlong_penalty
+from .sampling import DynamicSampler, SamplingWarning
+from .update import DataParallel, LogProbs, update
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlgoConfig", "BatchError", "ConfigError", "DataParallel", "DynamicSampler", "GRPO",
+    "LADDER", "LogProbs", "PRESETS", "RolloutBatch", "SCHEMA", "SWITCHES", "SamplingWarning",
+    "aggregate", "config_reward", "group_advantages", "outcome_reward", "policy_loss",
+    "rollout_metrics", "score_integer_answer", "soft_overlong_penalty", "tis_weights",
+    "token_metrics", "update", "window_denominator", "with_switches", "__version__",
+]

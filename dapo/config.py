@@ -1,0 +1,225 @@
+"""Algorithm configuration and the paper's Table-1 ladder.
+
+Every knob of the DAPO objective lives in :class:`AlgoConfig`; nothing else in
+the core takes a hyperparameter that is not a field here. ``PRESETS`` is the
+cumulative ladder of Table 1 of the DAPO paper (Yu et al., 2025), each rung
+adding exactly one technique to the rung before it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range. ``field`` names the offending field."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """The knobs of the DAPO objective (Eq. 8-13 of the paper).
+
+    Defaults are the paper's final DAPO recipe for Qwen2.5-32B (Section 4.1),
+    so ``AlgoConfig()`` is DAPO and ``PRESETS["grpo"]`` is the naive baseline.
+    """
+
+    # --- Clip-Higher (Section 3.1, Eq. 10) -------------------------------------------
+    eps_low: float = 0.2
+    """Lower clip: the ratio is clipped at ``1 - eps_low``. Must lie in (0, 1)."""
+    eps_high: float = 0.28
+    """Upper clip: the ratio is clipped at ``1 + eps_high``. The paper decouples it from
+    ``eps_low`` and raises it to 0.28 so low-probability tokens can grow (Clip-Higher).
+    Must be > 0."""
+    clip_ratio_c: float | None = None
+    """Dual clip (Ye et al. 2020): for negative advantages the per-token loss is capped at
+    ``-A * clip_ratio_c``, bounding the push on tokens whose ratio exploded. ``None``
+    disables it; verl's 32B DAPO script uses 10. Must be > 1 when set."""
+
+    # --- Token-level policy gradient loss (Section 3.3, Eq. 12) -----------------------
+    loss_agg: str = "token-mean"
+    """How per-token losses are reduced: ``token-mean`` (DAPO, Eq. 12: sum over every valid
+    token of the optimizer-step window / their count), ``seq-mean-token-mean`` (GRPO,
+    Eq. 5: mean over tokens within a response, then over responses) or
+    ``seq-mean-token-sum-norm`` (Dr. GRPO: per-response token sum divided by a constant,
+    then mean over responses)."""
+    loss_norm_const: int | None = None
+    """The constant of ``seq-mean-token-sum-norm``; ``None`` uses ``max_len``."""
+
+    # --- Group-relative advantage (Eq. 9) ---------------------------------------------
+    group_size: int = 16
+    """G: responses sampled per prompt. The paper uses 16."""
+    adv_std_norm: bool = True
+    """Divide the centred reward by the group's standard deviation (GRPO/DAPO). ``False``
+    gives the Dr. GRPO advantage ``R - mean(R)``."""
+    adv_eps: float = 1e-6
+    """Added to the group std before dividing. Must be > 0."""
+
+    # --- Overlong reward shaping (Section 3.4, Eq. 13) --------------------------------
+    overlong_filter: bool = True
+    """Overlong filtering: truncated responses (hit ``max_len`` without EOS) get zero loss
+    weight. They still count in the metrics and in dynamic sampling."""
+    soft_overlong: bool = True
+    """Soft overlong punishment: add the Eq. 13 length penalty to the reward."""
+    expected_len: int = 16384
+    """Length up to which no penalty applies (the paper's L_max - L_cache = 16,384)."""
+    cache_len: int = 4096
+    """Width of the linear ramp from 0 to -1 (the paper's L_cache = 4,096). The generation
+    ceiling is ``max_len = expected_len + cache_len`` (20,480 in the paper)."""
+    overlong_penalty_factor: float = 1.0
+    """Scale of the soft penalty; 1.0 gives the paper's ramp to -1. Must be >= 0."""
+
+    # --- Dynamic sampling (Section 3.2, the constraint of Eq. 11) -------------------------
+    dynamic_sampling: bool = True
+    """Keep only groups with ``0 < #correct < G`` (judged on correctness, never on the
+    shaped reward) and generate more until the batch holds ``train_groups`` of them."""
+    max_gen_rounds: int = 10
+    """Generation rounds per step after which dynamic sampling hands back what it has, with
+    a warning, instead of raising (verl raises; runs die when data is too easy or hard)."""
+
+    # --- Batch geometry ---------------------------------------------------------------
+    train_groups: int = 512
+    """Prompts (groups) per training batch. The paper uses 512 prompts x 16 responses."""
+    mini_batch_groups: int = 32
+    """The optimizer-step window, in groups: every ``mini_batch_groups`` groups of the batch
+    make one optimizer step. 512 / 32 = 16 optimizer steps per rollout, as in the paper."""
+    ppo_epochs: int = 1
+    """Passes over the rollout batch per training step (the paper and verl use 1)."""
+    max_grad_norm: float | None = 1.0
+    """Global gradient-norm clip per optimizer step; ``None`` measures but never clips."""
+
+    # --- Rollout/trainer mismatch correction ------------------------------------------------
+    tis_cap: float | None = None
+    """Truncated importance sampling against the rollout engine's log-probs: each token's
+    loss is weighted by ``min(exp(old_logp - rollout_logp), tis_cap)`` (detached).
+    ``None`` disables it; verl and TRL use 2.0. Must be >= 1 when set."""
+
+    @property
+    def max_len(self) -> int:
+        """The generation ceiling ``expected_len + cache_len`` (the paper's 20,480)."""
+        return self.expected_len + self.cache_len
+
+    @property
+    def norm_const(self) -> int:
+        """The constant of ``seq-mean-token-sum-norm`` actually used."""
+        return self.loss_norm_const if self.loss_norm_const is not None else self.max_len
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, what: str) -> None:
+            if not ok:
+                raise ConfigError(name, f"{what} (got {getattr(self, name)!r})")
+
+        def real(name: str) -> float:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(name, f"must be a finite number (got {value!r})")
+            return float(value)
+
+        def integer(name: str) -> int:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(name, f"must be an integer (got {value!r})")
+            return value
+
+        def flag(name: str) -> None:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"must be true or false (got {getattr(self, name)!r})")
+
+        need(0.0 < real("eps_low") < 1.0, "eps_low", "must lie in (0, 1)")
+        need(real("eps_high") > 0.0, "eps_high", "must be > 0")
+        if self.clip_ratio_c is not None:
+            need(real("clip_ratio_c") > 1.0, "clip_ratio_c", "must be > 1 or None")
+        need(self.loss_agg in AGG_MODES, "loss_agg", f"must be one of {AGG_MODES}")
+        if self.loss_norm_const is not None:
+            need(integer("loss_norm_const") > 0, "loss_norm_const", "must be > 0 or None")
+        need(integer("group_size") >= 2, "group_size", "must be >= 2 (a group needs contrast)")
+        flag("adv_std_norm")
+        need(real("adv_eps") > 0.0, "adv_eps", "must be > 0")
+        flag("overlong_filter")
+        flag("soft_overlong")
+        need(integer("expected_len") > 0, "expected_len", "must be > 0")
+        need(integer("cache_len") > 0, "cache_len", "must be > 0")
+        need(real("overlong_penalty_factor") >= 0.0, "overlong_penalty_factor", "must be >= 0")
+        flag("dynamic_sampling")
+        need(integer("max_gen_rounds") >= 1, "max_gen_rounds", "must be >= 1")
+        need(integer("train_groups") >= 1, "train_groups", "must be >= 1")
+        need(integer("mini_batch_groups") >= 1, "mini_batch_groups", "must be >= 1")
+        need(
+            self.mini_batch_groups <= self.train_groups,
+            "mini_batch_groups",
+            f"must be <= train_groups ({self.train_groups})",
+        )
+        need(integer("ppo_epochs") >= 1, "ppo_epochs", "must be >= 1")
+        if self.max_grad_norm is not None:
+            need(real("max_grad_norm") > 0.0, "max_grad_norm", "must be > 0 or None")
+        if self.tis_cap is not None:
+            need(real("tis_cap") >= 1.0, "tis_cap", "must be >= 1 or None")
+
+    def replace(self, **changes: Any) -> "AlgoConfig":
+        """A copy with ``changes`` applied (and validated)."""
+        return from_dict({**dataclasses.asdict(self), **changes})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def from_dict(values: Mapping[str, Any], *, source: str = "AlgoConfig") -> AlgoConfig:
+    """Build a config from a mapping, rejecting unknown keys by name."""
+    known = {f.name for f in dataclasses.fields(AlgoConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown field in {source}; known fields: {sorted(known)}")
+    return AlgoConfig(**values)
+
+
+SWITCHES: dict[str, dict[str, Any]] = {
+    "overlong_filter": {"overlong_filter": True},
+    "clip_higher": {"eps_high": 0.28},
+    "soft_overlong": {"soft_overlong": True},
+    "token_level": {"loss_agg": "token-mean"},
+    "dynamic_sampling": {"dynamic_sampling": True},
+}
+"""The five techniques, in the paper's order of addition, as changes to the ``grpo`` rung."""
+
+GRPO = AlgoConfig(
+    eps_low=0.2,
+    eps_high=0.2,
+    loss_agg="seq-mean-token-mean",
+    overlong_filter=False,
+    soft_overlong=False,
+    dynamic_sampling=False,
+)
+"""Naive GRPO as the paper's baseline: symmetric clip, sample-level loss, no overlong
+treatment, no dynamic sampling (the KL term is dropped throughout, Section 2.3)."""
+
+
+def with_switches(names: "list[str] | tuple[str, ...]", base: AlgoConfig = GRPO) -> AlgoConfig:
+    """``base`` with the named techniques of :data:`SWITCHES` turned on."""
+    changes: dict[str, Any] = {}
+    for name in names:
+        if name not in SWITCHES:
+            raise ConfigError("switches", f"unknown technique {name!r}; known: {list(SWITCHES)}")
+        changes.update(SWITCHES[name])
+    return base.replace(**changes)
+
+
+LADDER: tuple[str, ...] = ("grpo", "overlong_filter", "clip_higher", "soft_overlong", "token_level", "dapo")
+"""The rung names of Table 1 in the paper's order; rung i adds the i-th switch."""
+
+PRESETS: dict[str, AlgoConfig] = {
+    rung: with_switches(list(SWITCHES)[:i]) for i, rung in enumerate(LADDER)
+}
+"""The cumulative Table-1 ladder: grpo (AIME avg@32 = 30), overlong_filter (36),
+clip_higher (38), soft_overlong (41), token_level (42), dapo (50).
+``PRESETS["dapo"] == AlgoConfig()``."""
+
+
+__all__ = ["AGG_MODES", "AlgoConfig", "ConfigError", "GRPO", "LADDER", "PRESETS", "SWITCHES", "from_dict", "with_switches"]

@@ -1,0 +1,174 @@
+"""The clipped surrogate of DAPO (Eq. 8/10), its aggregation modes, and TIS weights.
+
+Everything here is a pure function of tensors. The loss is returned as a quantity to
+*minimise* (the negative of the paper's objective J).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .config import AGG_MODES
+
+LOG_RATIO_CLAMP = 20.0
+"""|log r| is clamped before exponentiating so a wild token cannot overflow (as verl)."""
+
+
+def _check_agg(agg: str) -> None:
+    if agg not in AGG_MODES:
+        raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
+
+
+def window_denominator(mask: Tensor, agg: str, norm_const: float | None = None) -> Tensor:
+    """The normaliser of ``agg`` over a whole optimizer-step window given its loss mask.
+
+    * ``token-mean``: the number of loss tokens (Eq. 12's sum of |o_i|);
+    * ``seq-mean-token-mean``: the number of responses with at least one loss token
+      (Eq. 5's G, summed over the window's groups);
+    * ``seq-mean-token-sum-norm``: that response count times ``norm_const``.
+
+    Responses with no loss token (e.g. removed by overlong filtering) are not counted.
+    Pass the value to :func:`policy_loss` as ``agg_denominator`` for every micro-batch of
+    the window (summed over ranks under data parallelism) and the summed micro-batch
+    losses equal the full-window loss exactly.
+    """
+    _check_agg(agg)
+    mask = mask.bool()
+    if agg == "token-mean":
+        return mask.sum().to(torch.float64)
+    n_seq = mask.any(dim=-1).sum().to(torch.float64)
+    if agg == "seq-mean-token-mean":
+        return n_seq
+    if norm_const is None or not norm_const > 0:
+        raise ValueError("seq-mean-token-sum-norm needs norm_const > 0")
+    return n_seq * float(norm_const)
+
+
+def aggregate(
+    loss_mat: Tensor,
+    mask: Tensor,
+    agg: str,
+    *,
+    denominator: Tensor | float | None = None,
+    norm_const: float | None = None,
+) -> Tensor:
+    """Reduce per-token losses [B, T] to a scalar.
+
+    The numerator is the sum of per-token losses (``token-mean`` and
+    ``seq-mean-token-sum-norm``) or the sum of per-response token means
+    (``seq-mean-token-mean``); it is divided by ``denominator``, by default
+    :func:`window_denominator` of this ``mask``. An empty mask gives a zero loss that is
+    still connected to the graph.
+    """
+    _check_agg(agg)
+    mask = mask.bool()
+    # where(), not multiplication: padding may hold inf/nan and 0 * inf is nan.
+    masked = torch.where(mask, loss_mat, torch.zeros_like(loss_mat))
+    if agg == "seq-mean-token-mean":
+        per_seq = masked.sum(-1) / mask.sum(-1).clamp(min=1).to(loss_mat.dtype)
+        numerator = per_seq.sum()
+    else:
+        numerator = masked.sum()
+    if denominator is None:
+        denominator = window_denominator(mask, agg, norm_const)
+    denominator = torch.as_tensor(denominator, dtype=torch.float64)
+    if float(denominator) <= 0:
+        return numerator * 0.0
+    return numerator / denominator.to(loss_mat.dtype)
+
+
+def tis_weights(old_logp: Tensor, rollout_logp: Tensor, cap: float) -> Tensor:
+    """Truncated importance-sampling weights for rollout/trainer mismatch, per token:
+    ``min(exp(old_logp - rollout_logp), cap)``, detached (verl/TRL's token-level TIS).
+    The engine sampled from pi_rollout while the objective assumes pi_old; the weight
+    corrects the gap and the cap bounds its variance."""
+    if cap < 1.0:
+        raise ValueError(f"tis cap must be >= 1, got {cap}")
+    log_w = (old_logp - rollout_logp).detach().clamp(max=math.log(cap))
+    return torch.exp(log_w)
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    clip_ratio_c: float | None = None,
+    agg: str = "token-mean",
+    agg_denominator: Tensor | float | None = None,
+    is_weights: Tensor | None = None,
+    norm_const: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The decoupled-clip surrogate of Eq. 10, as a loss to minimise.
+
+    Per token, with r = exp(logp - old_logp) and A the advantage (Eq. 9)::
+
+        l = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))
+        l = min(l, -A clip_ratio_c)      if A < 0 and clip_ratio_c (dual clip)
+        l = l * w                        if is_weights (TIS, detached)
+
+    then :func:`aggregate` by ``agg`` with ``agg_denominator`` (default: this batch's own
+    :func:`window_denominator`). A token whose ratio is beyond the clip bound on the side
+    of its advantage gets exactly zero gradient; inside the region the gradient is the
+    unclipped one.
+
+    ``advantages`` is [B] (broadcast over tokens) or [B, T]. ``mask`` is the *loss* mask
+    (response tokens, minus filtered responses). Returns the scalar loss and detached
+    statistics over the masked tokens: ``clipfrac_upper`` (A > 0, r > 1 + eps_high),
+    ``clipfrac_lower`` (A < 0, r < 1 - eps_low), ``dual_clipfrac``, ``upclip_old_prob``
+    (mean pi_old of up-clipped tokens; NaN if none: the paper's Fig. 3a), ``approx_kl``
+    (k3 estimate of KL(pi_old || pi)), ``ratio_mean``, with weights ``n_tokens`` and
+    ``n_upclip`` for combining micro-batches.
+    """
+    _check_agg(agg)
+    if logp.shape != old_logp.shape or logp.shape != mask.shape:
+        raise ValueError(
+            f"shape mismatch: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, "
+            f"mask {tuple(mask.shape)}"
+        )
+    mask = mask.bool()
+    adv = advantages.to(logp.dtype)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(-1).expand_as(logp)
+    if adv.shape != logp.shape:
+        raise ValueError(f"advantages shape {tuple(advantages.shape)} fits neither [B] nor [B, T]")
+    old_logp = old_logp.detach()
+    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    per_token = torch.maximum(unclipped, clipped)
+    dual = torch.zeros_like(mask)
+    if clip_ratio_c is not None:
+        bound = -adv * clip_ratio_c
+        dual = (adv < 0) & (per_token > bound)
+        per_token = torch.where(dual, bound, per_token)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(per_token.dtype)
+    loss = aggregate(per_token, mask, agg, denominator=agg_denominator, norm_const=norm_const)
+
+    with torch.no_grad():
+        n = mask.sum()
+        nf = n.clamp(min=1).to(torch.float64)
+        up = mask & (adv > 0) & (ratio > 1.0 + eps_high)
+        low = mask & (adv < 0) & (ratio < 1.0 - eps_low)
+        n_up = up.sum()
+        old_p = torch.exp(old_logp.to(torch.float64))
+        k3 = (ratio - 1.0 - log_ratio).to(torch.float64)
+        stats = {
+            "clipfrac_upper": up.sum() / nf,
+            "clipfrac_lower": low.sum() / nf,
+            "dual_clipfrac": (dual & mask).sum() / nf,
+            "upclip_old_prob": (old_p[up].sum() / n_up) if int(n_up) else torch.tensor(float("nan")),
+            "approx_kl": k3[mask].sum() / nf,
+            "ratio_mean": ratio.to(torch.float64)[mask].sum() / nf,
+            "n_tokens": n.to(torch.float64),
+            "n_upclip": n_up.to(torch.float64),
+        }
+    return loss, stats

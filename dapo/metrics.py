@@ -1,0 +1,98 @@
+"""The one metric schema shared by the toy regime, the scale trainer and ``dapo.health``.
+
+One flat ``dict[str, float]`` per training step, written as a JSONL line. ``SCHEMA`` maps
+every name to its meaning; the producers below are the only places the values are
+computed. Fractions are in [0, 1]; NaN means "not defined this step" (e.g. no token was
+up-clipped).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+SCHEMA: dict[str, str] = {
+    "step": "training step (one rollout batch = one step; optimizer steps are counted apart)",
+    # rollout: over every response generated this step, before dynamic-sampling filtering
+    "rollout/accuracy": "fraction of responses whose answer is correct (Eq. 7)",
+    "rollout/reward_mean": "mean shaped reward (Eq. 7 + Eq. 13 penalty)",
+    "rollout/groups_all_correct": "fraction of groups with accuracy 1 (zero gradient; Fig. 3b)",
+    "rollout/groups_all_wrong": "fraction of groups with accuracy 0 (zero gradient)",
+    "rollout/length_mean": "mean response length in tokens (Fig. 7a)",
+    "rollout/length_max": "longest response length in tokens",
+    "rollout/length_correct_mean": "mean length of correct responses (NaN if none)",
+    "rollout/length_wrong_mean": "mean length of incorrect responses (NaN if none)",
+    "rollout/truncation_rate": "fraction of responses that hit the generation ceiling without EOS",
+    # dynamic sampling cost
+    "sampling/rounds": "generation rounds this step",
+    "sampling/generated_groups": "groups generated this step, all rounds",
+    "sampling/generated_tokens": "response tokens generated this step, all rounds",
+    "sampling/accepted_groups": "groups handed to the update",
+    "sampling/rejected_all_correct": "groups dropped because every response was correct",
+    "sampling/rejected_all_wrong": "groups dropped because every response was wrong",
+    "sampling/surplus_groups": "informative groups generated beyond the batch and dropped",
+    "sampling/tokens_per_accepted_group": "generated tokens / accepted groups",
+    # actor: from the update
+    "actor/entropy": "mean per-token entropy of the full next-token distribution (Fig. 2b)",
+    "actor/mean_prob": "mean probability of the sampled tokens under the sampling policy (Fig. 7d)",
+    "actor/clipfrac_upper": "fraction of loss tokens with A > 0 and ratio > 1 + eps_high",
+    "actor/clipfrac_lower": "fraction of loss tokens with A < 0 and ratio < 1 - eps_low",
+    "actor/dual_clipfrac": "fraction of loss tokens bounded by the dual clip",
+    "actor/upclip_old_prob": "mean old probability of up-clipped tokens (Fig. 3a; NaN if none)",
+    "actor/approx_kl": "k3 estimate of KL(pi_old || pi) over loss tokens",
+    "actor/loss": "mean policy loss per optimizer step",
+    "actor/grad_norm": "mean global gradient norm (before clipping) over optimizer steps",
+    "actor/grad_norm_max": "largest gradient norm of the step",
+    "actor/optimizer_steps": "optimizer steps taken this training step",
+    "actor/skipped_steps": "optimizer steps skipped for a non-finite loss or gradient",
+    "actor/empty_windows": "optimizer-step windows with no loss token (all filtered), not stepped",
+    "actor/loss_tokens": "tokens carrying loss weight (after overlong filtering)",
+    "actor/filtered_responses": "responses given zero weight by overlong filtering",
+    # rollout/trainer mismatch
+    "mismatch/logp_gap": "mean |old_logp - rollout_logp| over response tokens (engine vs trainer)",
+    "mismatch/tis_weight_mean": "mean truncated importance weight",
+    "mismatch/tis_capped_frac": "fraction of tokens whose importance weight hit the cap",
+}
+
+
+def _mean(x: Tensor) -> float:
+    return float(x.to(torch.float64).mean()) if x.numel() else math.nan
+
+
+def rollout_metrics(
+    *, correct: Tensor, lengths: Tensor, truncated: Tensor, rewards: Tensor, group_size: int
+) -> dict[str, float]:
+    """The ``rollout/*`` metrics from per-response tensors (group-major)."""
+    correct = correct.bool().view(-1)
+    lengths = lengths.to(torch.float64).view(-1)
+    n_groups = correct.numel() // group_size if group_size else 0
+    per_group = correct[: n_groups * group_size].view(n_groups, group_size).sum(1)
+    return {
+        "rollout/accuracy": _mean(correct.float()),
+        "rollout/reward_mean": _mean(rewards.view(-1)),
+        "rollout/groups_all_correct": _mean((per_group == group_size).float()),
+        "rollout/groups_all_wrong": _mean((per_group == 0).float()),
+        "rollout/length_mean": _mean(lengths),
+        "rollout/length_max": float(lengths.max()) if lengths.numel() else math.nan,
+        "rollout/length_correct_mean": _mean(lengths[correct]),
+        "rollout/length_wrong_mean": _mean(lengths[~correct]),
+        "rollout/truncation_rate": _mean(truncated.view(-1).float()),
+    }
+
+
+def token_metrics(old_logp: Tensor, mask: Tensor, entropy: Tensor | None = None) -> dict[str, float]:
+    """``actor/mean_prob`` and, given the per-token entropy of the full distribution,
+    ``actor/entropy`` (token means over ``mask``)."""
+    mask = mask.bool()
+    out = {"actor/mean_prob": _mean(torch.exp(old_logp.detach()[mask]))}
+    if entropy is not None:
+        out["actor/entropy"] = _mean(entropy.detach()[mask])
+    return out
+
+
+def mismatch_metrics(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """``mismatch/logp_gap``: how far the trainer's log-probs are from the engine's."""
+    mask = mask.bool()
+    return {"mismatch/logp_gap": _mean((old_logp - rollout_logp).detach().abs()[mask])}

@@ -1,0 +1,150 @@
+"""Dynamic sampling (Section 3.2; the constraint 0 < |{o_i : is_equivalent(a, o_i)}| < G
+of Eq. 11) as an accumulating buffer with cost accounting.
+
+Usage, per training step::
+
+    sampler = DynamicSampler(target_groups=cfg.train_groups, group_size=cfg.group_size,
+                             max_rounds=cfg.max_gen_rounds, enabled=cfg.dynamic_sampling)
+    while not sampler.done:
+        sampler.add(generate_one_round())       # whole groups, group-major
+    batch = sampler.take()                      # <= target_groups informative groups
+    metrics = sampler.metrics()                 # rounds, rejects by reason, tokens...
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .batch import RolloutBatch
+
+
+class SamplingWarning(UserWarning):
+    """Dynamic sampling ran out of rounds before the batch was full."""
+
+
+@dataclass
+class _Seen:
+    """Per-response scalars of everything generated this step (for the rollout metrics)."""
+
+    correct: list[Tensor]
+    lengths: list[Tensor]
+    truncated: list[Tensor]
+    rewards: list[Tensor]
+
+
+class DynamicSampler:
+    """Collects finished groups until ``target_groups`` informative ones are held.
+
+    A group is informative when ``0 < #correct < G``: judged on ``RolloutBatch.correct``,
+    never on the shaped reward (with the overlong penalty an all-wrong group has non-zero
+    reward std and would slip through a std filter). With ``enabled=False`` every group is
+    accepted and one round fills the batch, so both arms report the same accounting.
+    After ``max_rounds`` rounds :meth:`take` hands back what it holds with a
+    :class:`SamplingWarning` instead of raising; the surplus beyond ``target_groups`` is
+    dropped (and counted).
+    """
+
+    def __init__(self, target_groups: int, group_size: int, max_rounds: int, enabled: bool = True):
+        if target_groups < 1 or group_size < 1 or max_rounds < 1:
+            raise ValueError("target_groups, group_size and max_rounds must be >= 1")
+        self.target_groups = target_groups
+        self.group_size = group_size
+        self.max_rounds = max_rounds
+        self.enabled = enabled
+        self.reset()
+
+    def reset(self) -> None:
+        self.rounds = 0
+        self.generated_groups = 0
+        self.generated_tokens = 0
+        self.rejected_all_correct = 0
+        self.rejected_all_wrong = 0
+        self._kept: list[RolloutBatch] = []
+        self._seen = _Seen([], [], [], [])
+
+    @property
+    def accepted_groups(self) -> int:
+        return sum(b.num_groups for b in self._kept)
+
+    @property
+    def full(self) -> bool:
+        return self.accepted_groups >= self.target_groups
+
+    @property
+    def done(self) -> bool:
+        """True once the batch is full or the round limit is reached."""
+        return self.full or self.rounds >= self.max_rounds
+
+    def add(self, batch: RolloutBatch) -> None:
+        """Feed one generation round of whole groups."""
+        if batch.group_size != self.group_size:
+            raise ValueError(f"batch group_size {batch.group_size} != sampler's {self.group_size}")
+        self.rounds += 1
+        n_groups = batch.num_groups
+        self.generated_groups += n_groups
+        self.generated_tokens += int(batch.lengths.sum())
+        for name in ("correct", "lengths", "truncated", "rewards"):
+            getattr(self._seen, name).append(getattr(batch, name).detach().cpu())
+        n_correct = batch.correct.view(n_groups, self.group_size).sum(1)
+        all_correct = n_correct == self.group_size
+        all_wrong = n_correct == 0
+        if self.enabled:
+            self.rejected_all_correct += int(all_correct.sum())
+            self.rejected_all_wrong += int(all_wrong.sum())
+            keep = ~(all_correct | all_wrong)
+        else:
+            keep = torch.ones(n_groups, dtype=torch.bool)
+        if bool(keep.any()):
+            rows = (keep.nonzero().view(-1, 1) * self.group_size + torch.arange(self.group_size)).view(-1)
+            self._kept.append(batch.select(rows.to(batch.old_logp.device), group_size=self.group_size))
+
+    def take(self) -> RolloutBatch | None:
+        """The first ``target_groups`` accepted groups (None if none was accepted)."""
+        held = self.accepted_groups
+        if held < self.target_groups:
+            warnings.warn(
+                f"dynamic sampling: {held}/{self.target_groups} informative groups after "
+                f"{self.rounds} round(s) (max_gen_rounds={self.max_rounds}); training on what "
+                f"was found (rejected {self.rejected_all_correct} all-correct, "
+                f"{self.rejected_all_wrong} all-wrong groups)",
+                SamplingWarning,
+                stacklevel=2,
+            )
+        if not self._kept:
+            return None
+        batch = RolloutBatch.concat(self._kept)
+        if held > self.target_groups:
+            batch = batch.select(torch.arange(self.target_groups * self.group_size), group_size=self.group_size)
+        return batch
+
+    def metrics(self) -> dict[str, float]:
+        """Cost accounting and the rollout metrics over *everything* generated this step."""
+        from .metrics import rollout_metrics  # local: metrics imports nothing of ours back
+
+        accepted = min(self.accepted_groups, self.target_groups)
+        out = rollout_metrics(
+            correct=torch.cat(self._seen.correct) if self._seen.correct else torch.zeros(0, dtype=torch.bool),
+            lengths=torch.cat(self._seen.lengths) if self._seen.lengths else torch.zeros(0),
+            truncated=torch.cat(self._seen.truncated) if self._seen.truncated else torch.zeros(0, dtype=torch.bool),
+            rewards=torch.cat(self._seen.rewards) if self._seen.rewards else torch.zeros(0),
+            group_size=self.group_size,
+        )
+        out.update(
+            {
+                "sampling/rounds": float(self.rounds),
+                "sampling/generated_groups": float(self.generated_groups),
+                "sampling/generated_tokens": float(self.generated_tokens),
+                "sampling/accepted_groups": float(accepted),
+                "sampling/rejected_all_correct": float(self.rejected_all_correct),
+                "sampling/rejected_all_wrong": float(self.rejected_all_wrong),
+                "sampling/surplus_groups": float(self.accepted_groups - accepted),
+                "sampling/tokens_per_accepted_group": (
+                    self.generated_tokens / accepted if accepted else float("nan")
+                ),
+            }
+        )
+        return out

@@ -1,0 +1,249 @@
+"""The policy update shared by both regimes: one rollout batch -> several optimizer steps.
+
+For each epoch and each optimizer-step window of ``cfg.mini_batch_groups`` groups:
+
+1. advantages (Eq. 9) for the whole batch, loss mask minus truncated responses when
+   ``overlong_filter``, TIS weights against the engine when ``tis_cap``;
+2. the window's normaliser (:func:`dapo.loss.window_denominator`, summed over ranks);
+3. per micro-batch: new log-probs from ``logp_fn``, :func:`dapo.loss.policy_loss` with
+   that normaliser, scaled by the world size (data-parallel gradient averaging divides it
+   back out), backward. The summed micro-batch gradients equal the full-window gradient;
+4. global grad-norm clip, optimizer step, unless the loss or the gradient is non-finite:
+   then the gradients are dropped, the step is skipped and counted, and weights stay as
+   they were.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+from .advantages import group_advantages
+from .batch import RolloutBatch
+from .config import AlgoConfig
+from .loss import policy_loss, tis_weights, window_denominator
+from .metrics import mismatch_metrics
+
+
+@dataclass
+class LogProbs:
+    """What a regime's ``logp_fn`` returns for a mini-batch."""
+
+    logp: Tensor
+    """[b, T] log-probs of the batch's tokens under the current policy, with grad."""
+    entropy: Tensor | None = None
+    """[b, T] entropy of the full next-token distribution (may be detached), or None."""
+
+
+LogProbFn = Callable[[RolloutBatch], "LogProbs | tuple[Tensor, Tensor | None]"]
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """How an optimizer-step window spans ranks. Each rank calls :func:`update` on its
+    own shard of the batch (whole groups, equal sizes on every rank)."""
+
+    world_size: int = 1
+    """Ranks that average gradients (DDP/FSDP divide the summed gradient by this)."""
+    all_reduce_sum: Callable[[Tensor], Tensor] | None = None
+    """Sum a tensor over ranks and return the result (e.g. a wrapper of
+    ``torch.distributed.all_reduce``). None on a single process."""
+
+    def sum(self, x: Tensor) -> Tensor:
+        return x if self.all_reduce_sum is None else self.all_reduce_sum(x)
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    return [p for g in optimizer.param_groups for p in g["params"]]
+
+
+def _windows(n_groups: int, per_window: int, group_size: int, order: Tensor) -> Iterable[Tensor]:
+    for start in range(0, n_groups, per_window):
+        groups = order[start : start + per_window]
+        yield (groups.view(-1, 1) * group_size + torch.arange(group_size)).view(-1)
+
+
+def update(
+    batch: RolloutBatch | None,
+    logp_fn: LogProbFn,
+    optimizer: torch.optim.Optimizer,
+    cfg: AlgoConfig,
+    *,
+    micro_batch_size: int | None = None,
+    dp: DataParallel = DataParallel(),
+    backward: Callable[[Tensor], None] | None = None,
+    clip_grad_norm: Callable[[float], Tensor] | None = None,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """Run ``cfg.ppo_epochs`` x (batch groups / ``cfg.mini_batch_groups``) optimizer steps.
+
+    Under data parallelism each rank passes its own shard and ``dp``; a window then holds
+    ``cfg.mini_batch_groups / dp.world_size`` groups of every rank (the config keeps its
+    global meaning).
+
+    ``logp_fn(mini_batch)`` returns the current policy's log-probs (and entropy) of the
+    mini-batch's response tokens, as :class:`LogProbs` or a ``(logp, entropy)`` tuple.
+    ``micro_batch_size`` (responses per forward; memory only, never the result) defaults
+    to the whole window. ``backward`` defaults to ``loss.backward()`` (pass
+    ``accelerator.backward``), ``clip_grad_norm(max_norm) -> total_norm`` to
+    ``torch.nn.utils.clip_grad_norm_`` over the optimizer's parameters (pass the FSDP
+    one). ``generator`` shuffles groups between windows each epoch; None keeps batch
+    order. Returns the ``actor/*`` and ``mismatch/*`` metrics of ``dapo.metrics.SCHEMA``.
+    """
+    out: dict[str, float] = {"actor/optimizer_steps": 0.0, "actor/skipped_steps": 0.0}
+    if batch is None or batch.size == 0:
+        return out
+    g = batch.group_size
+    if g is None:
+        raise ValueError("update needs a batch of whole groups (group_size set)")
+    backward = backward or (lambda loss: loss.backward())
+    if clip_grad_norm is None:
+        params = _params(optimizer)
+
+        def clip_grad_norm(max_norm: float) -> Tensor:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+
+    advantages = group_advantages(batch.rewards, g, eps=cfg.adv_eps, std_norm=cfg.adv_std_norm)
+    loss_mask = batch.mask
+    if cfg.overlong_filter:
+        loss_mask = loss_mask & ~batch.truncated.unsqueeze(-1)
+    weights = None
+    if batch.rollout_logp is not None:
+        out.update(mismatch_metrics(batch.old_logp, batch.rollout_logp, batch.mask))
+        if cfg.tis_cap is not None:
+            weights = tis_weights(batch.old_logp, batch.rollout_logp, cfg.tis_cap)
+            w = weights[batch.mask]
+            out["mismatch/tis_weight_mean"] = float(w.mean()) if w.numel() else math.nan
+            out["mismatch/tis_capped_frac"] = (
+                float((w >= cfg.tis_cap * (1 - 1e-6)).float().mean()) if w.numel() else math.nan
+            )
+
+    if cfg.mini_batch_groups % dp.world_size:
+        raise ValueError(
+            f"mini_batch_groups={cfg.mini_batch_groups} is not divisible by world_size={dp.world_size}"
+        )
+    per_rank_window = cfg.mini_batch_groups // dp.world_size
+    sums = _Sums()
+    n_groups = batch.num_groups
+    for epoch in range(cfg.ppo_epochs):
+        if generator is not None:
+            order = torch.randperm(n_groups, generator=generator)
+        else:
+            order = torch.arange(n_groups)
+        for rows in _windows(n_groups, per_rank_window, g, order):
+            rows = rows.to(batch.old_logp.device)
+            denom = dp.sum(
+                window_denominator(loss_mask[rows], cfg.loss_agg, cfg.norm_const).to(batch.old_logp.device)
+            )
+            if float(denom) == 0.0:  # every response of the window was filtered
+                sums.empty_windows += 1
+                continue
+            optimizer.zero_grad(set_to_none=True)
+            finite = True
+            loss_total = 0.0
+            mbs = micro_batch_size or len(rows)
+            for start in range(0, len(rows), mbs):
+                idx = rows[start : start + mbs]
+                mb = batch.select(idx)
+                res = logp_fn(mb)
+                logp, entropy = (res.logp, res.entropy) if isinstance(res, LogProbs) else res
+                loss, stats = policy_loss(
+                    logp,
+                    mb.old_logp,
+                    advantages[idx],
+                    loss_mask[idx],
+                    eps_low=cfg.eps_low,
+                    eps_high=cfg.eps_high,
+                    clip_ratio_c=cfg.clip_ratio_c,
+                    agg=cfg.loss_agg,
+                    agg_denominator=denom,
+                    is_weights=None if weights is None else weights[idx],
+                    norm_const=cfg.norm_const,
+                )
+                bad = torch.tensor(0.0 if torch.isfinite(loss) else 1.0, device=loss.device)
+                if float(dp.sum(bad)) > 0:  # every rank skips together
+                    finite = False
+                    break
+                backward(loss * dp.world_size)
+                loss_total += float(loss.detach())
+                sums.add_stats(stats)
+                if epoch == 0:
+                    sums.add_tokens(mb, entropy)
+            if finite:
+                norm = clip_grad_norm(cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf)
+                norm = float(norm)
+                finite = math.isfinite(norm)
+            if not finite:
+                optimizer.zero_grad(set_to_none=True)
+                sums.skipped += 1
+                continue
+            optimizer.step()
+            sums.steps += 1
+            sums.losses.append(loss_total)
+            sums.norms.append(norm)
+    optimizer.zero_grad(set_to_none=True)
+
+    filtered = batch.truncated if cfg.overlong_filter else torch.zeros_like(batch.truncated)
+    out.update(sums.finish())
+    out["actor/loss_tokens"] = float(loss_mask.sum())
+    out["actor/filtered_responses"] = float(filtered.sum())
+    return out
+
+
+class _Sums:
+    """Token-weighted accumulation of loss statistics across micro-batches."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.skipped = 0
+        self.empty_windows = 0
+        self.losses: list[float] = []
+        self.norms: list[float] = []
+        self.tokens = 0.0
+        self.weighted: dict[str, float] = {}
+        self.n_upclip = 0.0
+        self.upclip_prob = 0.0
+        self.resp_tokens = 0.0
+        self.prob_sum = 0.0
+        self.ent_tokens = 0.0
+        self.ent_sum = 0.0
+
+    def add_stats(self, stats: dict[str, Tensor]) -> None:
+        n = float(stats["n_tokens"])
+        self.tokens += n
+        for key in ("clipfrac_upper", "clipfrac_lower", "dual_clipfrac", "approx_kl", "ratio_mean"):
+            self.weighted[key] = self.weighted.get(key, 0.0) + float(stats[key]) * n
+        k = float(stats["n_upclip"])
+        if k:
+            self.n_upclip += k
+            self.upclip_prob += float(stats["upclip_old_prob"]) * k
+
+    def add_tokens(self, mb: RolloutBatch, entropy: Tensor | None) -> None:
+        m = mb.mask
+        self.resp_tokens += float(m.sum())
+        self.prob_sum += float(torch.exp(mb.old_logp.detach().to(torch.float64))[m].sum())
+        if entropy is not None:
+            self.ent_tokens += float(m.sum())
+            self.ent_sum += float(entropy.detach().to(torch.float64)[m].sum())
+
+    def finish(self) -> dict[str, float]:
+        nan = math.nan
+        res = {f"actor/{k}": v / self.tokens if self.tokens else nan for k, v in self.weighted.items()}
+        res.pop("actor/ratio_mean", None)
+        res["actor/upclip_old_prob"] = self.upclip_prob / self.n_upclip if self.n_upclip else nan
+        res["actor/mean_prob"] = self.prob_sum / self.resp_tokens if self.resp_tokens else nan
+        res["actor/entropy"] = self.ent_sum / self.ent_tokens if self.ent_tokens else nan
+        res["actor/loss"] = sum(self.losses) / len(self.losses) if self.losses else nan
+        res["actor/grad_norm"] = sum(self.norms) / len(self.norms) if self.norms else nan
+        res["actor/grad_norm_max"] = max(self.norms) if self.norms else nan
+        res["actor/optimizer_steps"] = float(self.steps)
+        res["actor/skipped_steps"] = float(self.skipped)
+        res["actor/empty_windows"] = float(self.empty_windows)
+        return res
+
+
+__all__: Sequence[str] = ["DataParallel", "LogProbs", "LogProbFn", "update"]
