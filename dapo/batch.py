@@ -89,7 +89,13 @@ class RolloutBatch:
             elif isinstance(v, Tensor):
                 v = v[idx]
             values[f.name] = v
-        return RolloutBatch(**values)
+        if group_size is not None:
+            return RolloutBatch(**values)
+        # A row subset of a validated batch is valid; skip re-validation on this hot path
+        # (the update selects every micro-batch).
+        sub = object.__new__(RolloutBatch)
+        sub.__dict__.update(values)
+        return sub
 
     def groups(self) -> Iterator["RolloutBatch"]:
         """Each group as its own batch, in order."""

@@ -154,21 +154,29 @@ def policy_loss(
     loss = aggregate(per_token, mask, agg, denominator=agg_denominator, norm_const=norm_const)
 
     with torch.no_grad():
-        n = mask.sum()
-        nf = n.clamp(min=1).to(torch.float64)
+        # one stacked reduction instead of one per statistic (this runs per micro-batch)
         up = mask & (adv > 0) & (ratio > 1.0 + eps_high)
         low = mask & (adv < 0) & (ratio < 1.0 - eps_low)
-        n_up = up.sum()
-        old_p = torch.exp(old_logp.to(torch.float64))
-        k3 = (ratio - 1.0 - log_ratio).to(torch.float64)
+        m = mask.to(torch.float64)
+        rows = torch.stack([
+            m,
+            up.to(torch.float64),
+            low.to(torch.float64),
+            (dual & mask).to(torch.float64),
+            torch.where(up, old_logp, torch.full_like(old_logp, -math.inf)).exp().to(torch.float64),
+            torch.where(mask, ratio - 1.0 - log_ratio, torch.zeros_like(ratio)).to(torch.float64),
+            torch.where(mask, ratio, torch.zeros_like(ratio)).to(torch.float64),
+        ]).flatten(1).sum(1)
+        n, n_up = rows[0], rows[1]
+        nf = n.clamp(min=1)
         stats = {
-            "clipfrac_upper": up.sum() / nf,
-            "clipfrac_lower": low.sum() / nf,
-            "dual_clipfrac": (dual & mask).sum() / nf,
-            "upclip_old_prob": (old_p[up].sum() / n_up) if int(n_up) else torch.tensor(float("nan")),
-            "approx_kl": k3[mask].sum() / nf,
-            "ratio_mean": ratio.to(torch.float64)[mask].sum() / nf,
-            "n_tokens": n.to(torch.float64),
-            "n_upclip": n_up.to(torch.float64),
+            "clipfrac_upper": n_up / nf,
+            "clipfrac_lower": rows[2] / nf,
+            "dual_clipfrac": rows[3] / nf,
+            "upclip_old_prob": rows[4] / n_up if float(n_up) else torch.tensor(math.nan, dtype=torch.float64),
+            "approx_kl": rows[5] / nf,
+            "ratio_mean": rows[6] / nf,
+            "n_tokens": n,
+            "n_upclip": n_up,
         }
     return loss, stats

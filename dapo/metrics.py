@@ -33,6 +33,7 @@ SCHEMA: dict[str, str] = {
     "sampling/rejected_all_correct": "groups dropped because every response was correct",
     "sampling/rejected_all_wrong": "groups dropped because every response was wrong",
     "sampling/surplus_groups": "informative groups generated beyond the batch and dropped",
+    "sampling/underfilled": "1 if the round limit was hit before the batch was full, else 0",
     "sampling/tokens_per_accepted_group": "generated tokens / accepted groups",
     # actor: from the update
     "actor/entropy": "mean per-token entropy of the full next-token distribution (Fig. 2b)",

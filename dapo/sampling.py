@@ -142,6 +142,7 @@ class DynamicSampler:
                 "sampling/rejected_all_correct": float(self.rejected_all_correct),
                 "sampling/rejected_all_wrong": float(self.rejected_all_wrong),
                 "sampling/surplus_groups": float(self.accepted_groups - accepted),
+                "sampling/underfilled": float(self.accepted_groups < self.target_groups),
                 "sampling/tokens_per_accepted_group": (
                     self.generated_tokens / accepted if accepted else float("nan")
                 ),

@@ -189,6 +189,7 @@ def update(
 
     filtered = batch.truncated if cfg.overlong_filter else torch.zeros_like(batch.truncated)
     out.update(sums.finish())
+    out["actor/mean_prob"] = float(torch.exp(batch.old_logp.detach().to(torch.float64))[batch.mask].mean())
     out["actor/loss_tokens"] = float(loss_mask.sum())
     out["actor/filtered_responses"] = float(filtered.sum())
     return out
@@ -207,8 +208,6 @@ class _Sums:
         self.weighted: dict[str, float] = {}
         self.n_upclip = 0.0
         self.upclip_prob = 0.0
-        self.resp_tokens = 0.0
-        self.prob_sum = 0.0
         self.ent_tokens = 0.0
         self.ent_sum = 0.0
 
@@ -224,8 +223,6 @@ class _Sums:
 
     def add_tokens(self, mb: RolloutBatch, entropy: Tensor | None) -> None:
         m = mb.mask
-        self.resp_tokens += float(m.sum())
-        self.prob_sum += float(torch.exp(mb.old_logp.detach().to(torch.float64))[m].sum())
         if entropy is not None:
             self.ent_tokens += float(m.sum())
             self.ent_sum += float(entropy.detach().to(torch.float64)[m].sum())
@@ -235,7 +232,6 @@ class _Sums:
         res = {f"actor/{k}": v / self.tokens if self.tokens else nan for k, v in self.weighted.items()}
         res.pop("actor/ratio_mean", None)
         res["actor/upclip_old_prob"] = self.upclip_prob / self.n_upclip if self.n_upclip else nan
-        res["actor/mean_prob"] = self.prob_sum / self.resp_tokens if self.resp_tokens else nan
         res["actor/entropy"] = self.ent_sum / self.ent_tokens if self.ent_tokens else nan
         res["actor/loss"] = sum(self.losses) / len(self.losses) if self.losses else nan
         res["actor/grad_norm"] = sum(self.norms) / len(self.norms) if self.norms else nan

@@ -1,0 +1,102 @@
+"""Writing experiment results: per-step JSONL, JSON summaries, the printed table."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from .experiment import ExperimentResult
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def write_metrics(result: ExperimentResult, path: Path) -> None:
+    """One JSON line per (arm, seed, step): the ``dapo.metrics`` schema plus ids."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for arm, runs in result.logs.items():
+            for seed in result.seeds:
+                for m in runs[seed]:
+                    row = {"experiment": result.experiment.name, "arm": arm, "seed": seed}
+                    row.update({k: _clean(v) for k, v in m.items()})
+                    f.write(json.dumps(row) + "\n")
+
+
+def summary_dict(result: ExperimentResult) -> dict[str, Any]:
+    e = result.experiment
+    return {
+        "experiment": e.name,
+        "title": e.title,
+        "paper": e.paper,
+        "task": e.task,
+        "policy": result.policy,
+        "horizon_steps": e.steps,
+        "seeds": result.seeds,
+        "arms": {name: {"lr": a.lr, "task": a.task or e.task, "task_kwargs": a.task_kwargs, "config": a.cfg.to_dict()}
+                 for name, a in e.arms.items()},
+        "summaries": {
+            name: {"description": e.summaries[name].description,
+                   "per_arm": {arm: {"mean": _clean(_mean(v)), "per_seed": [_clean(x) for x in v]}
+                               for arm, v in per_arm.items()}}
+            for name, per_arm in result.summaries.items()
+        },
+        "contrasts": [
+            {"name": c.contrast.name, "role": c.contrast.role, "a": c.contrast.a, "b": c.contrast.b,
+             "summary": c.contrast.summary, "summary_b": c.contrast.summary_b, "expect": c.contrast.expect,
+             "mean_diff": _clean(c.interval.mean), "ci95": [_clean(c.interval.low), _clean(c.interval.high)],
+             "n": c.interval.n, "verdict": c.verdict, "per_seed_diff": [_clean(x) for x in c.per_seed],
+             "note": c.contrast.note}
+            for c in result.contrasts
+        ],
+        "verdict": result.primary.verdict,
+        "cpu_seconds": round(result.cpu_seconds, 2),
+        "sampled_tokens": result.sampled_tokens(),
+    }
+
+
+def _mean(v: list[float]) -> float:
+    f = [x for x in v if not math.isnan(x)]
+    return sum(f) / len(f) if f else math.nan
+
+
+def format_table(results: list[ExperimentResult]) -> str:
+    lines = []
+    for r in results:
+        e = r.experiment
+        lines.append(f"\n== {e.name}: {e.title}")
+        lines.append(f"   {e.paper}; {len(r.seeds)} paired seeds, horizon {e.steps} steps, {r.policy} policy")
+        lines.append(f"   {'role':<9} {'contrast (b - a)':<62} {'mean':>9} {'95% CI':>21}  verdict")
+        for c in r.contrasts:
+            iv = c.interval
+            ci = f"[{iv.low:+.3f}, {iv.high:+.3f}]"
+            lines.append(f"   {c.contrast.role:<9} {c.contrast.name[:62]:<62} {iv.mean:>+9.3f} {ci:>21}  {c.verdict}")
+    lines.append("\n== verdicts")
+    for r in results:
+        p = r.primary
+        lines.append(f"   {r.experiment.name:<18} {p.verdict:<15} {p.contrast.name} "
+                     f"({p.interval.mean:+.3f} [{p.interval.low:+.3f}, {p.interval.high:+.3f}])")
+    return "\n".join(lines)
+
+
+def write_all(results: list[ExperimentResult], out: Path, wall_seconds: float) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = []
+    for r in results:
+        d = out / r.experiment.name
+        write_metrics(r, d / "metrics.jsonl")
+        s = summary_dict(r)
+        (d / "summary.json").write_text(json.dumps(s, indent=2))
+        summaries.append(s)
+    total = {
+        "wall_seconds": round(wall_seconds, 2),
+        "sampled_tokens": sum(s["sampled_tokens"] for s in summaries),
+        "experiments": {s["experiment"]: {"verdict": s["verdict"], "contrasts": s["contrasts"]} for s in summaries},
+    }
+    (out / "summary.json").write_text(json.dumps(total, indent=2))
+    return total

@@ -1,0 +1,176 @@
+"""Train a toy policy with the shared DAPO core: batched rollouts -> RolloutBatch ->
+dynamic sampling -> ``dapo.update``. One call, one seed, one list of per-step metrics."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dapo import AlgoConfig, DynamicSampler, RolloutBatch, SamplingWarning, config_reward, update
+
+from .policies import POLICIES, TabularPolicy, ToyPolicy
+from .tasks import TASKS, TokenTask, episode_end, verify
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one toy training run depends on."""
+
+    task: str
+    """A key of :data:`toybench.tasks.TASKS`."""
+    cfg: AlgoConfig
+    """The algorithm; ``expected_len + cache_len`` must equal the task's ``max_len``."""
+    steps: int
+    """Training steps (rollout batches)."""
+    lr: float
+    """Learning rate of the policy's optimizer (SGD for tabular, Adam for GRU)."""
+    seed: int = 0
+    """Seeds the policy's initial noise and every rollout (paired arms share it)."""
+    policy: str = "tabular"
+    """``tabular`` or ``gru``."""
+    task_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Arguments of the task factory (e.g. a different ``max_len``)."""
+    init_noise: float = 0.5
+    """Std of the tabular policy's per-seed logit noise around the task prior."""
+
+
+def make_task(spec: RunSpec) -> TokenTask:
+    if spec.task not in TASKS:
+        raise ValueError(f"unknown task {spec.task!r}; known: {sorted(TASKS)}")
+    return TASKS[spec.task](**spec.task_kwargs)
+
+
+def make_policy(spec: RunSpec, task: TokenTask, generator: torch.Generator) -> ToyPolicy:
+    if spec.policy == "tabular":
+        return TabularPolicy(task, generator, init_noise=spec.init_noise)
+    if spec.policy in POLICIES:
+        return POLICIES[spec.policy](task, generator)
+    raise ValueError(f"unknown policy {spec.policy!r}; known: {sorted(POLICIES)}")
+
+
+def rollout_round(policy: ToyPolicy, task: TokenTask, cfg: AlgoConfig, n_groups: int,
+                  generator: torch.Generator) -> RolloutBatch:
+    """Sample ``n_groups`` prompts (uniformly, with replacement) x G responses each."""
+    g = cfg.group_size
+    prompts = torch.randint(task.num_prompts, (n_groups,), generator=generator).repeat_interleave(g)
+    tokens = policy.sample(prompts, generator)
+    lengths, truncated = episode_end(tokens, task.max_len)
+    u = torch.rand(prompts.shape[0], generator=generator, dtype=torch.float64)
+    out = verify(task, prompts, tokens, lengths, truncated, u)
+    mask = torch.arange(task.max_len).unsqueeze(0) < lengths.unsqueeze(1)
+    with torch.no_grad():
+        old_logp, _ = policy.logp_entropy(prompts, tokens)
+    old_logp = torch.where(mask, old_logp, torch.zeros_like(old_logp))
+    return RolloutBatch(
+        old_logp=old_logp,
+        mask=mask,
+        lengths=lengths,
+        truncated=truncated,
+        correct=out.correct,
+        rewards=config_reward(out.correct, lengths, cfg).to(torch.float64),
+        group_ids=prompts,
+        group_size=g,
+        extras={"prompts": prompts, "tokens": tokens, "on_track": out.on_track, "path": out.path},
+    )
+
+
+def _best_paths(task: TokenTask) -> torch.Tensor:
+    feasible = (task.need_work + 2 <= task.max_len).to(task.quality.dtype)
+    return (task.quality * feasible).argmax(dim=1) + 1  # token id of the best path
+
+
+def train(spec: RunSpec) -> list[dict[str, float]]:
+    """Run ``spec`` and return one metrics dict per step (the ``dapo.metrics`` schema plus
+    ``toy/*`` and cumulative cost counters)."""
+    task = make_task(spec)
+    cfg = spec.cfg
+    if cfg.max_len != task.max_len:
+        raise ValueError(
+            f"cfg.expected_len + cfg.cache_len = {cfg.max_len} must equal the task's max_len {task.max_len}"
+        )
+    torch.manual_seed(spec.seed)
+    gen = torch.Generator().manual_seed(spec.seed)
+    policy = make_policy(spec, task, gen)
+    optimizer = policy.make_optimizer(spec.lr)
+    all_prompts = torch.arange(task.num_prompts)
+    best = _best_paths(task)
+
+    def logp_fn(mb: RolloutBatch):
+        return policy.logp_entropy(mb.extras["prompts"], mb.extras["tokens"])
+
+    log: list[dict[str, float]] = []
+    totals = {"responses": 0.0, "tokens": 0.0, "opt_steps": 0.0}
+    for step in range(spec.steps):
+        sampler = DynamicSampler(cfg.train_groups, cfg.group_size, cfg.max_gen_rounds, cfg.dynamic_sampling)
+        truncated = on_track = 0
+        while not sampler.done:
+            rb = rollout_round(policy, task, cfg, cfg.train_groups, gen)
+            truncated += int(rb.truncated.sum())
+            on_track += int(rb.extras["on_track"].sum())
+            sampler.add(rb)
+        m: dict[str, float] = {"step": float(step)}
+        with torch.no_grad():
+            m.update(_policy_metrics(policy, all_prompts, best, step))
+        with warnings.catch_warnings():  # recorded as sampling/underfilled instead
+            warnings.simplefilter("ignore", SamplingWarning)
+            batch = sampler.take()
+        m.update(sampler.metrics())
+        m.update(update(batch, logp_fn, optimizer, cfg))
+        totals["responses"] += m["sampling/generated_groups"] * cfg.group_size
+        totals["tokens"] += m["sampling/generated_tokens"]
+        totals["opt_steps"] += m["actor/optimizer_steps"]
+        m["toy/truncated_on_track"] = on_track / truncated if truncated else float("nan")
+        m["cost/responses_total"] = totals["responses"]
+        m["cost/tokens_total"] = totals["tokens"]
+        m["cost/optimizer_steps_total"] = totals["opt_steps"]
+        log.append(m)
+    return log
+
+
+def _long_prompts(task: TokenTask) -> torch.Tensor:
+    """Prompts whose best path needs at least half the ceiling in work tokens."""
+    best = _best_paths(task) - 1
+    need = task.need_work.gather(1, best.unsqueeze(1)).squeeze(1)
+    return need * 2 >= task.max_len
+
+
+def _policy_metrics(policy: ToyPolicy, prompts: torch.Tensor, best: torch.Tensor, step: int) -> dict[str, float]:
+    """Properties of the policy *before* this step's update: exact for the tabular policy,
+    Monte Carlo estimates (``MC_SAMPLES`` per prompt, a fixed generator per step) otherwise."""
+    task = policy.task
+    first = policy.first_token_probs(prompts)
+    out = {"toy/best_path_prob": float(first.gather(1, best.unsqueeze(1)).mean())}
+    q = task.quality
+    if isinstance(policy, TabularPolicy):
+        acc = policy.exact_accuracy()
+        lengths = policy.exact_lengths()
+    else:
+        acc, lengths = _monte_carlo(policy, task, torch.Generator().manual_seed(10_000 + step))
+    out["toy/expected_accuracy"] = float(acc.mean())
+    out["toy/length_best_path"] = float(lengths.gather(1, q.argmax(1, keepdim=True)).mean())
+    out["toy/length_worst_path"] = float(lengths.gather(1, q.argmin(1, keepdim=True)).mean())
+    long = _long_prompts(task)
+    if bool(long.any()):
+        out["toy/expected_accuracy_long"] = float(acc[long].mean())
+    return out
+
+
+MC_SAMPLES = 32
+
+
+def _monte_carlo(policy: ToyPolicy, task: TokenTask, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accuracy per prompt [P] and length per (prompt, path) [P, K] by sampling."""
+    p, k, n = task.num_prompts, task.num_paths, MC_SAMPLES
+    prompts = torch.arange(p).repeat_interleave(n)
+    tokens = policy.sample(prompts, gen)
+    lengths, truncated = episode_end(tokens, task.max_len)
+    u = torch.rand(prompts.shape[0], generator=gen, dtype=torch.float64)
+    acc = verify(task, prompts, tokens, lengths, truncated, u).correct.double().view(p, n).mean(1)
+    forced_prompts = torch.arange(p).repeat_interleave(k * n)
+    forced_first = (torch.arange(k) + 1).repeat_interleave(n).repeat(p)
+    forced = policy.sample(forced_prompts, gen, first=forced_first)
+    forced_len, _ = episode_end(forced, task.max_len)
+    return acc, forced_len.double().view(p, k, n).mean(-1)
