@@ -1,0 +1,260 @@
+"""Run configuration of the full regime: YAML -> dataclasses that reject unknown keys.
+
+A run file has one section per dataclass below plus ``algo`` (the core's
+:class:`dapo.config.AlgoConfig`). Every field is documented where it is declared. Loading
+uses ``yaml.safe_load`` only; overrides are ``section.field=value`` strings whose value is
+parsed as YAML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dapo.config import AlgoConfig, ConfigError
+from dapo.config import from_dict as algo_from_dict
+
+PRESET_DIR = Path(__file__).parent / "configs"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str
+    """A local directory or a hub id of a causal LM with its tokenizer (Qwen2.5 family)."""
+    dtype: str = "bfloat16"
+    """Parameter dtype for training: ``bfloat16`` (GPU) or ``float32`` (CPU, tests)."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass (needed for 20k-token responses)."""
+    logprob_chunk: int = 1024
+    """Tokens per chunk of the memory-bounded log-prob/entropy computation."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: str
+    """Training prompts: a ``.jsonl``/``.json``/``.parquet`` file or a hub dataset id."""
+    eval: str | None = None
+    """Evaluation set (AIME-style integer answers), same formats; None disables evaluation."""
+    train_split: str = "train"
+    """Split of a hub dataset (ignored for local files)."""
+    eval_split: str = "train"
+    prompt_key: str | None = None
+    """Field holding the problem; None detects ``prompt`` / ``problem`` / ``question`` (a
+    chat-format list takes its last user message)."""
+    answer_key: str | None = None
+    """Field holding the integer answer; None detects ``answer``, ``reward_model.ground_truth``."""
+    template: str = "dapo"
+    """``dapo``: wrap problems in the paper's "Answer:" instruction unless already present;
+    ``none``: use the prompt as is."""
+    max_prompt_tokens: int = 2048
+    """Prompts longer than this are reported as malformed (never silently cut)."""
+    contamination_ngram: int = 13
+    """Word n-gram size of the train/eval overlap check; 0 disables it."""
+    shuffle_seed: int = 0
+    """Seed of the epoch-wise shuffle of training prompts."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    engine: str = "vllm"
+    """``vllm`` (colocated, in-process) or ``hf`` (transformers generate)."""
+    gen_groups: int | None = None
+    """Prompts per generation round (over-sampling for dynamic sampling); None: the
+    algorithm's ``train_groups``."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    tensor_parallel: int = 1
+    """vLLM tensor-parallel size (GPU only)."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM's memory fraction for weights + KV cache (on CPU: the KV-cache share of RAM)."""
+    sleep_during_training: bool = True
+    """Put the vLLM engine to sleep during the update to free GPU memory (GPU only)."""
+    sync_timeout_s: float = 600.0
+    """A weight sync that takes longer ends the run with an error."""
+    max_model_len: int | None = None
+    """vLLM context length; None: longest prompt + the generation ceiling."""
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 100
+    """Training steps (rollout batches)."""
+    lr: float = 1e-6
+    """AdamW learning rate, constant after warm-up (the paper: 1e-6)."""
+    warmup_steps: int = 20
+    """Linear warm-up, in training steps (the paper: 20 rollout steps)."""
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.999)
+    micro_batch_size: int = 4
+    """Responses per forward/backward (memory only; the update is exact for any value)."""
+    seed: int = 0
+    mixed_precision: str = "no"
+    """accelerate's mixed precision: ``no`` or ``bf16``."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every: int = 0
+    """Evaluate every N training steps (0: only when asked, ``dapo eval``)."""
+    k: int = 32
+    """Samples per problem (avg@k, pass@k, cons@k); the paper reports avg@32."""
+    temperature: float = 1.0
+    top_p: float = 0.7
+    max_new_tokens: int | None = None
+    """None: the algorithm's generation ceiling."""
+    limit: int | None = None
+    """Evaluate only the first N problems (smoke runs)."""
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    dir: str = "runs/scale"
+    checkpoint_every: int = 10
+    """Training steps between checkpoints (0: only at the end)."""
+    keep_checkpoints: int = 2
+    trackers: tuple[str, ...] = ()
+    """accelerate trackers besides the JSONL log: ``tensorboard``, ``wandb``."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    algo: AlgoConfig
+    model: ModelConfig
+    data: DataConfig
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    @property
+    def gen_groups(self) -> int:
+        return self.rollout.gen_groups or self.algo.train_groups
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        """Cross-section checks (each section validates its own fields on construction)."""
+        if self.rollout.engine not in ("vllm", "hf"):
+            raise ConfigError("rollout.engine", f"must be 'vllm' or 'hf' (got {self.rollout.engine!r})")
+        if self.data.template not in ("dapo", "none"):
+            raise ConfigError("data.template", f"must be 'dapo' or 'none' (got {self.data.template!r})")
+        if self.model.dtype not in ("bfloat16", "float32", "float16"):
+            raise ConfigError("model.dtype", f"unknown dtype {self.model.dtype!r}")
+        if self.train.mixed_precision not in ("no", "bf16", "fp16"):
+            raise ConfigError("train.mixed_precision", f"unknown value {self.train.mixed_precision!r}")
+        for name, value in (("train.steps", self.train.steps), ("train.micro_batch_size", self.train.micro_batch_size),
+                            ("rollout.tensor_parallel", self.rollout.tensor_parallel), ("eval.k", self.eval.k),
+                            ("model.logprob_chunk", self.model.logprob_chunk)):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(name, f"must be a positive integer (got {value!r})")
+        if not 0 < self.train.lr < 1:
+            raise ConfigError("train.lr", f"must lie in (0, 1) (got {self.train.lr!r})")
+        if self.train.warmup_steps < 0:
+            raise ConfigError("train.warmup_steps", "must be >= 0")
+        if self.gen_groups < 1:
+            raise ConfigError("rollout.gen_groups", "must be >= 1")
+        if not 0 < self.rollout.top_p <= 1 or not 0 < self.eval.top_p <= 1:
+            raise ConfigError("rollout.top_p", "top_p must lie in (0, 1]")
+        if self.rollout.temperature <= 0 or self.eval.temperature <= 0:
+            raise ConfigError("rollout.temperature", "temperatures must be > 0")
+        if not 0 < self.rollout.gpu_memory_utilization <= 1:
+            raise ConfigError("rollout.gpu_memory_utilization", "must lie in (0, 1]")
+        if self.output.keep_checkpoints < 1:
+            raise ConfigError("output.keep_checkpoints", "must be >= 1")
+        for t in self.output.trackers:
+            if t not in ("tensorboard", "wandb"):
+                raise ConfigError("output.trackers", f"unknown tracker {t!r}")
+
+
+_SECTIONS = {"model": ModelConfig, "data": DataConfig, "rollout": RolloutConfig, "train": TrainConfig,
+             "eval": EvalConfig, "output": OutputConfig}
+
+
+def _build(cls, values: Any, section: str):
+    if not isinstance(values, dict):
+        raise ConfigError(section, f"must be a mapping (got {type(values).__name__})")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for key in values:
+        if key not in known:
+            raise ConfigError(f"{section}.{key}", f"unknown field; known: {sorted(known)}")
+    missing = [n for n, f in known.items() if f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING and n not in values]
+    if missing:
+        raise ConfigError(f"{section}.{missing[0]}", "is required")
+    clean = {}
+    for k, v in values.items():
+        if isinstance(v, list):
+            v = tuple(v)
+        clean[k] = v
+    try:
+        return cls(**clean)
+    except TypeError as err:
+        raise ConfigError(section, str(err)) from None
+
+
+def from_dict(values: dict[str, Any], source: str = "config") -> RunConfig:
+    if not isinstance(values, dict):
+        raise ConfigError("<root>", f"{source}: the file must hold a mapping of sections")
+    unknown = sorted(set(values) - set(_SECTIONS) - {"algo"})
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown section in {source}; known: algo, {', '.join(_SECTIONS)}")
+    for required in ("algo", "model", "data"):
+        if required not in values:
+            raise ConfigError(required, f"section missing in {source}")
+    try:
+        algo = algo_from_dict(values["algo"] or {}, source=f"{source}: algo")
+    except ConfigError as err:
+        raise ConfigError(f"algo.{err.field}", str(err).split(": ", 1)[-1]) from None
+    sections = {name: _build(cls, values.get(name) or {}, name) for name, cls in _SECTIONS.items()
+                if name in values or name in ("model", "data")}
+    cfg = RunConfig(algo=algo, **sections)
+    cfg.validate()
+    return cfg
+
+
+def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``section.field=value`` (value parsed as YAML) applied to a raw config mapping."""
+    import yaml
+
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in values.items()}
+    for item in overrides:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError(item, "overrides look like section.field=value")
+        key, raw = item.split("=", 1)
+        section, name = key.split(".", 1)
+        out.setdefault(section, {})
+        if not isinstance(out[section], dict):
+            raise ConfigError(section, "is not a section")
+        out[section][name] = yaml.safe_load(raw)
+    return out
+
+
+def resolve_path(name_or_path: str) -> Path:
+    """A YAML file path, or the name of a bundled preset (``tiny-cpu``, ``qwen2.5-32b-dapo``)."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    preset = PRESET_DIR / f"{name_or_path}.yaml"
+    if preset.is_file():
+        return preset
+    raise ConfigError("config", f"no such file or preset: {name_or_path!r} (presets: "
+                      f"{', '.join(sorted(q.stem for q in PRESET_DIR.glob('*.yaml')))})")
+
+
+def load(name_or_path: str, overrides: list[str] | None = None) -> RunConfig:
+    import yaml
+
+    path = resolve_path(name_or_path)
+    try:
+        values = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError("config", f"{path}: not valid YAML: {err}") from None
+    values = apply_overrides(values or {}, overrides or [])
+    try:
+        return from_dict(values, source=str(path))
+    except ConfigError as err:
+        raise ConfigError(err.field, f"{path}: {str(err)}") from None

@@ -1,0 +1,66 @@
+"""transformers ``generate`` as a rollout engine, for machines without vLLM. It samples from
+the trainer's own module, so no weight sync is needed."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import Tensor
+
+from .base import Generation, check_generations
+
+
+class HFEngine:
+    def __init__(self, model: torch.nn.Module, eos_id: int, pad_id: int, batch_prompts: int = 64):
+        self.model = model
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        self.batch_prompts = batch_prompts
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], n: int, *, max_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, seed: int = 0) -> list[list[Generation]]:
+        out: list[list[Generation]] = []
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            for s in range(0, len(prompts), self.batch_prompts):
+                out.extend(self._batch(prompts[s : s + self.batch_prompts], n, max_tokens, temperature, top_p, device))
+        self.model.train(was_training)
+        check_generations(out, len(prompts), n, max_tokens)
+        return out
+
+    def _batch(self, prompts, n, max_tokens, temperature, top_p, device) -> list[list[Generation]]:
+        p_max = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), p_max), self.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, p_max - len(p) :] = torch.tensor(p)
+            attn[i, p_max - len(p) :] = 1
+        res = self.model.generate(
+            input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=True, temperature=temperature,
+            top_p=top_p, top_k=0, max_new_tokens=max_tokens, num_return_sequences=n, eos_token_id=self.eos_id,
+            pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True,
+        )
+        seqs = res.sequences[:, p_max:].cpu()
+        logp = torch.stack([torch.log_softmax(x.float(), -1) for x in res.logits], dim=1).cpu()  # raw, T = 1
+        tok_logp = logp.gather(-1, seqs[:, : logp.shape[1]].unsqueeze(-1)).squeeze(-1)
+        gens = []
+        for row in range(seqs.shape[0]):
+            toks = seqs[row].tolist()
+            stop = toks.index(self.eos_id) + 1 if self.eos_id in toks else None
+            length = stop if stop is not None else min(len(toks), max_tokens)
+            gens.append(Generation(toks[:length], tok_logp[row, :length].tolist(), "stop" if stop else "length"))
+        return [gens[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Nothing to do: the engine samples from the trainer's module."""
+
+    def sleep(self) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass

@@ -1,0 +1,413 @@
+"""The full-regime trainer: accelerate (DDP/FSDP) + a rollout engine + the shared core.
+
+Per training step, on every rank:
+
+1. generation rounds of ``gen_groups / world`` prompts x G responses, scored with
+   :func:`dapo.rewards.score_integer_answer` and fed to :class:`dapo.DynamicSampler` until
+   the rank holds ``train_groups / world`` informative groups (or the round limit);
+2. the engine sleeps; the trainer recomputes the sampling policy's log-probs of the kept
+   responses (``old_logp``; the engine's stay as ``rollout_logp`` for the mismatch metric
+   and TIS weights);
+3. :func:`dapo.update` runs the optimizer steps, exact across micro-batches and ranks;
+4. the learning-rate schedule steps (linear warm-up, then constant), the engine wakes and
+   receives the new weights; metrics go to JSONL (and accelerate trackers);
+5. periodic evaluation and checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import zlib
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dapo import DataParallel, DynamicSampler, RolloutBatch, config_reward, update
+from dapo.rewards import score_integer_answer
+from dapo.sampling import SamplingWarning
+
+from . import checkpoint as ckpt
+from .config import RunConfig
+from .data import PromptStream, contamination, load_problems
+from .engines import Generation, make_engine
+from .evaluation import ProblemResult, canonical_prediction, summarize
+from .policy import Policy
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[name]
+
+
+def _seed(*parts: Any) -> int:
+    """A stable 31-bit seed from run coordinates (rank, step, round...)."""
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, *, resume: str | None = None, accelerator=None, log=print):
+        from accelerate import Accelerator
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = cfg
+        self.log = log
+        self.out = Path(cfg.output.dir)
+        self.acc = accelerator or Accelerator(
+            mixed_precision=cfg.train.mixed_precision, log_with=list(cfg.output.trackers) or None,
+            project_dir=str(self.out),
+        )
+        self.rank, self.world = self.acc.process_index, self.acc.num_processes
+        algo = cfg.algo
+        for name, total in (("algo.train_groups", algo.train_groups), ("rollout.gen_groups", cfg.gen_groups),
+                            ("algo.mini_batch_groups", algo.mini_batch_groups)):
+            if total % self.world:
+                raise ValueError(f"{name}={total} is not divisible by the {self.world} processes")
+        torch.manual_seed(cfg.train.seed)
+
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.eos_id, self.pad_id = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+
+        # data first: refuse to start (before allocating a model) if any record is malformed
+        self.problems = load_problems(cfg.data.train, split=cfg.data.train_split, prompt_key=cfg.data.prompt_key,
+                                      answer_key=cfg.data.answer_key, template=cfg.data.template,
+                                      tokenizer=self.tokenizer, max_prompt_tokens=cfg.data.max_prompt_tokens)
+        self.eval_problems = None
+        if cfg.data.eval:
+            self.eval_problems = load_problems(cfg.data.eval, split=cfg.data.eval_split, prompt_key=cfg.data.prompt_key,
+                                               answer_key=cfg.data.answer_key, template=cfg.data.template,
+                                               tokenizer=self.tokenizer, max_prompt_tokens=cfg.data.max_prompt_tokens)
+            if cfg.eval.limit:
+                self.eval_problems = self.eval_problems[: cfg.eval.limit]
+        self.stream = PromptStream(self.problems, seed=cfg.data.shuffle_seed + self.rank)
+        self._prompt_ids: dict[str, list[int]] = {}
+
+        lm = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=_dtype(cfg.model.dtype))
+        if cfg.model.gradient_checkpointing:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            lm.config.use_cache = False
+        policy = Policy(lm, chunk=cfg.model.logprob_chunk)
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, betas=tuple(cfg.train.betas),
+                                      weight_decay=cfg.train.weight_decay)
+        warm = cfg.train.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
+        self.policy, self.optimizer = self.acc.prepare(policy, optimizer)
+        self.step = 0
+        self.totals = {"responses": 0.0, "tokens": 0.0, "optimizer_steps": 0.0, "skipped_steps": 0.0}
+
+        if resume:
+            self._resume(resume)
+        self.engine = self._make_engine()
+        self.engine.sync_weights(self._unwrapped().named_weights_for_engine())
+        if self.acc.is_main_process:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+            self._check_contamination()
+            if cfg.output.trackers:
+                self.acc.init_trackers("dapo", config=json.loads(json.dumps(cfg.to_dict(), default=str)))
+        self._trim_metrics_log()
+
+    # ---- setup helpers ----------------------------------------------------------------
+    def _unwrapped(self) -> Policy:
+        return self.acc.unwrap_model(self.policy)
+
+    def _make_engine(self):
+        c = self.cfg
+        if c.rollout.engine == "hf":
+            return make_engine("hf", model=self._unwrapped().lm, eos_id=self.eos_id, pad_id=self.pad_id)
+        longest = max(len(self._encode(p.prompt)) for p in self.problems[:2000])
+        return make_engine(
+            "vllm", model_path=c.model.path, dtype=c.model.dtype,
+            max_model_len=c.rollout.max_model_len or longest + c.algo.max_len,
+            gpu_memory_utilization=c.rollout.gpu_memory_utilization, tensor_parallel=c.rollout.tensor_parallel,
+            seed=c.rollout.seed + self.rank, sleep_during_training=c.rollout.sleep_during_training,
+            sync_timeout_s=c.rollout.sync_timeout_s, distributed=self.world > 1 and c.rollout.tensor_parallel > 1,
+        )
+
+    def _check_contamination(self) -> None:
+        n = self.cfg.data.contamination_ngram
+        if not n or not self.eval_problems:
+            return
+        hits = contamination(self.problems, self.eval_problems, n=n)
+        (self.out / "contamination.json").write_text(json.dumps([asdict(h) for h in hits], indent=2))
+        if hits:
+            rows = sorted({h.eval_row for h in hits})
+            self.log(f"warning: {len(hits)} train/eval prompt pair(s) share {n}-grams (eval rows {rows[:10]}"
+                     f"{'...' if len(rows) > 10 else ''}); see {self.out / 'contamination.json'}")
+
+    def _encode(self, prompt: str) -> list[int]:
+        ids = self._prompt_ids.get(prompt)
+        if ids is None:
+            ids = self.tokenizer(prompt).input_ids
+            self._prompt_ids[prompt] = ids
+        return ids
+
+    # ---- rollouts ---------------------------------------------------------------------
+    def _to_batch(self, problems, gens: list[list[Generation]]) -> RolloutBatch:
+        algo = self.cfg.algo
+        g = algo.group_size
+        flat = [(p, x) for p, row in zip(problems, gens) for x in row]
+        b = len(flat)
+        t = max(len(x.token_ids) for _, x in flat)
+        prompts = [self._encode(p.prompt) for p, _ in flat]
+        p_max = max(len(p) for p in prompts)
+        prompt_ids = torch.full((b, p_max), self.pad_id, dtype=torch.long)
+        response_ids = torch.full((b, t), self.pad_id, dtype=torch.long)
+        rollout_logp = torch.zeros(b, t, dtype=torch.float32)
+        for i, ((prob, gen), pids) in enumerate(zip(flat, prompts)):
+            prompt_ids[i, : len(pids)] = torch.tensor(pids)
+            response_ids[i, : len(gen.token_ids)] = torch.tensor(gen.token_ids)
+            rollout_logp[i, : len(gen.logprobs)] = torch.tensor(gen.logprobs)
+        lengths = torch.tensor([len(x.token_ids) for _, x in flat])
+        truncated = torch.tensor([x.finish_reason == "length" for _, x in flat])
+        texts = self.tokenizer.batch_decode([x.token_ids for _, x in flat], skip_special_tokens=True)
+        correct = torch.tensor([score_integer_answer(txt, p.answer) for txt, (p, _) in zip(texts, flat)])
+        mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)
+        rollout_logp = torch.where(mask, rollout_logp.clamp(max=0.0), torch.zeros_like(rollout_logp))
+        ids = torch.tensor([zlib.crc32(f"{p.source}:{p.row}".encode()) & 0x7FFFFFFF for p, _ in flat])
+        return RolloutBatch(
+            old_logp=rollout_logp.clone(), rollout_logp=rollout_logp, mask=mask, lengths=lengths,
+            truncated=truncated, correct=correct, rewards=config_reward(correct, lengths, algo).float(),
+            group_ids=ids, group_size=g,
+            extras={"prompt_ids": prompt_ids, "prompt_len": torch.tensor([len(p) for p in prompts]),
+                    "response_ids": response_ids},
+        )
+
+    def _empty_groups(self, n_groups: int, t: int) -> RolloutBatch:
+        """Groups with no response token: padding that equalises ranks' batch sizes (zero
+        loss weight, zero gradient, not counted in any metric)."""
+        g = self.cfg.algo.group_size
+        b = n_groups * g
+        return RolloutBatch(
+            old_logp=torch.zeros(b, t), rollout_logp=torch.zeros(b, t), mask=torch.zeros(b, t, dtype=torch.bool),
+            lengths=torch.zeros(b, dtype=torch.long), truncated=torch.zeros(b, dtype=torch.bool),
+            correct=torch.zeros(b, dtype=torch.bool), rewards=torch.zeros(b),
+            group_ids=torch.full((b,), -1, dtype=torch.long), group_size=g,
+            extras={"prompt_ids": torch.full((b, 1), self.pad_id, dtype=torch.long),
+                    "prompt_len": torch.ones(b, dtype=torch.long),
+                    "response_ids": torch.full((b, t), self.pad_id, dtype=torch.long)},
+        )
+
+    def collect(self) -> tuple[RolloutBatch | None, dict[str, float]]:
+        """Generation rounds until this rank's share of the batch is full."""
+        c, algo = self.cfg, self.cfg.algo
+        per_rank = algo.train_groups // self.world
+        sampler = DynamicSampler(per_rank, algo.group_size, algo.max_gen_rounds, algo.dynamic_sampling)
+        t0 = time.perf_counter()
+        while not sampler.done:
+            problems = self.stream.take(c.gen_groups // self.world)
+            gens = self.engine.generate(
+                [self._encode(p.prompt) for p in problems], n=algo.group_size, max_tokens=algo.max_len,
+                temperature=c.rollout.temperature, top_p=c.rollout.top_p,
+                seed=_seed(c.rollout.seed, self.rank, self.step, sampler.rounds))
+            sampler.add(self._to_batch(problems, gens))
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SamplingWarning)
+            batch = sampler.take()
+        for w in caught:
+            self.log(f"step {self.step}: {w.message}")
+        m = sampler.metrics()
+        m["time/generate_s"] = time.perf_counter() - t0
+        return batch, m
+
+    # ---- update -------------------------------------------------------------------------
+    def _logp(self, mb: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        t_all = mb.mask.shape[1]
+        t = max(1, int(mb.lengths.max()) if mb.size else 1)
+        x = mb.extras
+        logp, ent = self.policy(x["prompt_ids"], x["prompt_len"], x["response_ids"][:, :t], self.pad_id)
+        if t < t_all:
+            logp = torch.nn.functional.pad(logp, (0, t_all - t))
+            ent = torch.nn.functional.pad(ent, (0, t_all - t))
+        return logp, ent
+
+    @torch.no_grad()
+    def _old_logp(self, batch: RolloutBatch) -> RolloutBatch:
+        mbs = self.cfg.train.micro_batch_size
+        parts = [self._logp(batch.select(torch.arange(s, min(s + mbs, batch.size))))[0]
+                 for s in range(0, batch.size, mbs)]
+        old = torch.cat(parts).float()
+        old = torch.where(batch.mask, old.clamp(max=0.0), torch.zeros_like(old))
+        values = {k: v for k, v in batch.__dict__.items()}
+        values["old_logp"] = old
+        return RolloutBatch(**values)
+
+    def _all_max(self, value: int) -> int:
+        if self.world == 1:
+            return value
+        x = torch.tensor([value], device=self.acc.device)
+        torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.MAX)
+        return int(x.item())
+
+    def _all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
+        return self.acc.reduce(x.to(self.acc.device), reduction="sum").cpu()
+
+    def train_step(self) -> dict[str, float]:
+        c = self.cfg
+        t0 = time.perf_counter()
+        batch, m = self.collect()
+        # equal group counts on every rank (dynamic sampling may leave them unequal)
+        per_rank = c.algo.train_groups // self.world
+        have = batch.num_groups if batch is not None else 0
+        t_len = batch.mask.shape[1] if batch is not None else 1
+        t_len, need = self._all_max(t_len), self._all_max(have)
+        need = max(need, 1 if per_rank else 0)
+        if have < need:
+            pad = self._empty_groups(need - have, t_len)
+            batch = pad if batch is None else RolloutBatch.concat([batch, pad])
+        self.engine.sleep()
+        t1 = time.perf_counter()
+        batch = self._old_logp(batch)
+        params = [p for p in self.policy.parameters()]
+        m.update(update(
+            batch, self._logp, self.optimizer, c.algo, micro_batch_size=c.train.micro_batch_size,
+            dp=DataParallel(self.world, self._all_reduce_sum if self.world > 1 else None),
+            backward=self.acc.backward, clip_grad_norm=lambda mx: self.acc.clip_grad_norm_(params, mx),
+        ))
+        self.scheduler.step()
+        t2 = time.perf_counter()
+        self.engine.sync_weights(self._unwrapped().named_weights_for_engine())
+        m["time/update_s"] = t2 - t1
+        m["time/sync_s"] = time.perf_counter() - t2
+        m["time/step_s"] = time.perf_counter() - t0
+        m["actor/lr"] = self.scheduler.get_last_lr()[0]
+        return m
+
+    # ---- evaluation -----------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        if not self.eval_problems:
+            return {}
+        e, algo = self.cfg.eval, self.cfg.algo
+        mine = self.eval_problems[self.rank :: self.world]
+        gens = self.engine.generate([self._encode(p.prompt) for p in mine], n=e.k,
+                                    max_tokens=e.max_new_tokens or algo.max_len, temperature=e.temperature,
+                                    top_p=e.top_p, seed=_seed("eval", self.rank, self.step)) if mine else []
+        results = [ProblemResult(p.answer, [canonical_prediction(
+            self.tokenizer.decode(g.token_ids, skip_special_tokens=True)) for g in row]) for p, row in zip(mine, gens)]
+        from accelerate.utils import gather_object
+
+        everything = gather_object([results]) if self.world > 1 else [results]
+        flat = [r for part in everything for r in part]
+        return summarize(flat) if flat else {}
+
+    # ---- the loop --------------------------------------------------------------------------
+    def _reduce_metrics(self, m: dict[str, float]) -> dict[str, float]:
+        if self.world == 1:
+            return m
+        from accelerate.utils import gather_object
+
+        parts = gather_object([m])
+        keys = sorted({k for p in parts for k in p})
+        out = {}
+        for k in keys:
+            vals = [p[k] for p in parts if k in p and not (isinstance(p[k], float) and math.isnan(p[k]))]
+            out[k] = sum(vals) / len(vals) if vals else math.nan
+        return out
+
+    def _metrics_path(self) -> Path:
+        return self.out / "metrics.jsonl"
+
+    def _trim_metrics_log(self) -> None:
+        """On resume, drop lines of steps that will run again (nothing duplicated or lost)."""
+        path = self._metrics_path()
+        if not self.acc.is_main_process or not path.is_file():
+            return
+        keep = [line for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", -1) < self.step]
+        path.write_text("".join(line + "\n" for line in keep))
+
+    def _write_metrics(self, m: dict[str, float]) -> None:
+        if not self.acc.is_main_process:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in m.items()}
+        with self._metrics_path().open("a") as f:
+            f.write(json.dumps(clean) + "\n")
+        if self.cfg.output.trackers:
+            self.acc.log({k: v for k, v in m.items() if isinstance(v, (int, float)) and math.isfinite(v)},
+                         step=int(m["step"]))
+
+    def train(self, steps: int | None = None) -> list[dict[str, float]]:
+        """Run to ``train.steps`` (or ``steps`` more steps); returns this call's metrics."""
+        c = self.cfg
+        end = c.train.steps if steps is None else min(c.train.steps, self.step + steps)
+        history = []
+        bar = None
+        if self.acc.is_main_process:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=end, initial=self.step, desc="dapo train", dynamic_ncols=True)
+        while self.step < end:
+            m = self.train_step()
+            self.totals["responses"] += m["sampling/generated_groups"] * c.algo.group_size
+            self.totals["tokens"] += m["sampling/generated_tokens"]
+            self.totals["optimizer_steps"] += m["actor/optimizer_steps"]
+            self.totals["skipped_steps"] += m["actor/skipped_steps"]
+            if m["actor/skipped_steps"]:
+                self.log(f"step {self.step}: skipped {m['actor/skipped_steps']:.0f} optimizer step(s) with a "
+                         "non-finite loss or gradient; weights left unchanged for them")
+            m = self._reduce_metrics(m)
+            m["step"] = float(self.step)
+            m.update({f"cost/{k}_total": v for k, v in self.totals.items()})
+            self.step += 1
+            if c.eval.every and self.step % c.eval.every == 0:
+                m.update(self.evaluate())
+            self._write_metrics(m)
+            history.append(m)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(acc=f"{m.get('rollout/accuracy', math.nan):.3f}",
+                                ent=f"{m.get('actor/entropy', math.nan):.3f}")
+            if (c.output.checkpoint_every and self.step % c.output.checkpoint_every == 0) or self.step == end:
+                self.save()
+        if bar is not None:
+            bar.close()
+        if c.output.trackers:
+            self.acc.end_training()
+        return history
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def save(self) -> Path | None:
+        from accelerate.utils import gather_object
+
+        rank_state = {"rng": ckpt.rng_state(), "stream": self.stream.state_dict()}
+        states = gather_object([rank_state]) if self.world > 1 else [rank_state]
+        state_dict = self.acc.get_state_dict(self.policy)
+        lm_state = {k[len("lm."):]: v for k, v in state_dict.items() if k.startswith("lm.")}
+        optim_state = self.optimizer.state_dict()
+        if not self.acc.is_main_process:
+            return None
+        trainer_state = {"step": self.step, "totals": self.totals, "world_size": self.world,
+                         "config": self.cfg.to_dict()}
+        return ckpt.save(self.out, self.step, lm=self._unwrapped().lm, tokenizer=self.tokenizer, state_dict=lm_state,
+                         optimizer_state=optim_state, scheduler_state=self.scheduler.state_dict(),
+                         rank_states=states, trainer_state=trainer_state, keep=self.cfg.output.keep_checkpoints)
+
+    def _resume(self, resume: str) -> None:
+        path = ckpt.latest(self.out) if resume == "auto" else Path(resume)
+        if path is None:
+            self.log(f"no checkpoint under {self.out}; starting from scratch")
+            return
+        state = ckpt.load_trainer_state(path)
+        if state["world_size"] != self.world:
+            raise ValueError(f"{path} was written by {state['world_size']} processes, this run has {self.world}")
+        model_state = ckpt.load_model_state(path)
+        unwrapped = self._unwrapped()
+        missing, unexpected = unwrapped.lm.load_state_dict(model_state, strict=False)
+        if unexpected or [k for k in missing if k != "lm_head.weight"]:
+            raise ValueError(f"{path}: weights do not match the model (missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]})")
+        self.optimizer.load_state_dict(ckpt.load_tensors(path, "optimizer.pt"))
+        self.scheduler.load_state_dict(ckpt.load_tensors(path, "scheduler.pt"))
+        mine = ckpt.load_tensors(path, f"rank{self.rank}.pt")
+        ckpt.set_rng_state(mine["rng"])
+        self.stream.load_state_dict(mine["stream"])
+        self.step = int(state["step"])
+        self.totals = {k: float(v) for k, v in state["totals"].items()}
+        self.log(f"resumed from {path} at step {self.step}")
