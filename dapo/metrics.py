@@ -35,6 +35,11 @@ SCHEMA: dict[str, str] = {
     "sampling/surplus_groups": "informative groups generated beyond the batch and dropped",
     "sampling/underfilled": "1 if the round limit was hit before the batch was full, else 0",
     "sampling/tokens_per_accepted_group": "generated tokens / accepted groups",
+    "time/generate_s": "seconds spent generating (all rounds)",
+    "time/update_s": "seconds in the update (old log-probs + optimizer steps)",
+    "time/sync_s": "seconds syncing weights into the rollout engine",
+    "time/step_s": "seconds for the whole training step",
+    "actor/lr": "learning rate after this step's schedule update",
     # actor: from the update
     "actor/entropy": "mean per-token entropy of the full next-token distribution (Fig. 2b)",
     "actor/mean_prob": "mean probability of the sampled tokens under the sampling policy (Fig. 7d)",
@@ -53,6 +58,7 @@ SCHEMA: dict[str, str] = {
     "actor/filtered_responses": "responses given zero weight by overlong filtering",
     # rollout/trainer mismatch
     "mismatch/logp_gap": "mean |old_logp - rollout_logp| over response tokens (engine vs trainer)",
+    "mismatch/logp_gap_max": "largest |old_logp - rollout_logp| over response tokens",
     "mismatch/tis_weight_mean": "mean truncated importance weight",
     "mismatch/tis_capped_frac": "fraction of tokens whose importance weight hit the cap",
 }

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 import zlib
 from dataclasses import asdict
 from pathlib import Path
@@ -45,6 +46,49 @@ def _dtype(name: str) -> torch.dtype:
 def _seed(*parts: Any) -> int:
     """A stable 31-bit seed from run coordinates (rank, step, round...)."""
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+def response_logp(policy, mb: RolloutBatch, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Current log-probs and entropy of a mini-batch's response tokens, [b, T] (computed on
+    the mini-batch's longest response only, padded back)."""
+    t_all = mb.mask.shape[1]
+    t = max(1, int(mb.lengths.max()) if mb.size else 1)
+    x = mb.extras
+    logp, ent = policy(x["prompt_ids"], x["prompt_len"], x["response_ids"][:, :t], pad_id)
+    if t < t_all:
+        logp = torch.nn.functional.pad(logp, (0, t_all - t))
+        ent = torch.nn.functional.pad(ent, (0, t_all - t))
+    return logp, ent
+
+
+@torch.no_grad()
+def with_trainer_logp(policy, batch: RolloutBatch, micro_batch_size: int, pad_id: int) -> RolloutBatch:
+    """The batch with ``old_logp`` recomputed by the trainer (the engine's log-probs stay in
+    ``rollout_logp``): the ratio's denominator must be the trainer's own numbers."""
+    parts = [response_logp(policy, batch.select(torch.arange(s, min(s + micro_batch_size, batch.size))), pad_id)[0]
+             for s in range(0, batch.size, micro_batch_size)]
+    old = torch.cat(parts).float().cpu()
+    old = torch.where(batch.mask, old.clamp(max=0.0), torch.zeros_like(old))
+    return RolloutBatch(**{**batch.__dict__, "old_logp": old})
+
+
+def run_update(acc, policy, optimizer, algo, batch: RolloutBatch, micro_batch_size: int, pad_id: int) -> dict[str, float]:
+    """Recompute old log-probs, then :func:`dapo.update` with accelerate's backward, global
+    grad-norm clip and a cross-rank sum for the window denominators."""
+    world = acc.num_processes
+
+    def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
+        return acc.reduce(x.to(acc.device), reduction="sum").cpu()
+
+    batch = with_trainer_logp(policy, batch, micro_batch_size, pad_id)
+    params = list(policy.parameters())
+    m = update(batch, lambda mb: response_logp(policy, mb, pad_id), optimizer, algo,
+               micro_batch_size=micro_batch_size, dp=DataParallel(world, all_reduce_sum if world > 1 else None),
+               backward=acc.backward, clip_grad_norm=lambda mx: acc.clip_grad_norm_(params, mx))
+    if batch.rollout_logp is not None:
+        gap = (batch.old_logp - batch.rollout_logp).abs()[batch.mask]
+        m["mismatch/logp_gap_max"] = float(gap.max()) if gap.numel() else math.nan
+    return m
 
 
 class Trainer:
@@ -206,8 +250,6 @@ class Trainer:
                 temperature=c.rollout.temperature, top_p=c.rollout.top_p,
                 seed=_seed(c.rollout.seed, self.rank, self.step, sampler.rounds))
             sampler.add(self._to_batch(problems, gens))
-        import warnings
-
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", SamplingWarning)
             batch = sampler.take()
@@ -218,36 +260,12 @@ class Trainer:
         return batch, m
 
     # ---- update -------------------------------------------------------------------------
-    def _logp(self, mb: RolloutBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        t_all = mb.mask.shape[1]
-        t = max(1, int(mb.lengths.max()) if mb.size else 1)
-        x = mb.extras
-        logp, ent = self.policy(x["prompt_ids"], x["prompt_len"], x["response_ids"][:, :t], self.pad_id)
-        if t < t_all:
-            logp = torch.nn.functional.pad(logp, (0, t_all - t))
-            ent = torch.nn.functional.pad(ent, (0, t_all - t))
-        return logp, ent
-
-    @torch.no_grad()
-    def _old_logp(self, batch: RolloutBatch) -> RolloutBatch:
-        mbs = self.cfg.train.micro_batch_size
-        parts = [self._logp(batch.select(torch.arange(s, min(s + mbs, batch.size))))[0]
-                 for s in range(0, batch.size, mbs)]
-        old = torch.cat(parts).float()
-        old = torch.where(batch.mask, old.clamp(max=0.0), torch.zeros_like(old))
-        values = {k: v for k, v in batch.__dict__.items()}
-        values["old_logp"] = old
-        return RolloutBatch(**values)
-
     def _all_max(self, value: int) -> int:
         if self.world == 1:
             return value
         x = torch.tensor([value], device=self.acc.device)
         torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.MAX)
         return int(x.item())
-
-    def _all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
-        return self.acc.reduce(x.to(self.acc.device), reduction="sum").cpu()
 
     def train_step(self) -> dict[str, float]:
         c = self.cfg
@@ -264,14 +282,11 @@ class Trainer:
             batch = pad if batch is None else RolloutBatch.concat([batch, pad])
         self.engine.sleep()
         t1 = time.perf_counter()
-        batch = self._old_logp(batch)
-        params = [p for p in self.policy.parameters()]
-        m.update(update(
-            batch, self._logp, self.optimizer, c.algo, micro_batch_size=c.train.micro_batch_size,
-            dp=DataParallel(self.world, self._all_reduce_sum if self.world > 1 else None),
-            backward=self.acc.backward, clip_grad_norm=lambda mx: self.acc.clip_grad_norm_(params, mx),
-        ))
-        self.scheduler.step()
+        m.update(run_update(self.acc, self.policy, self.optimizer, c.algo, batch, c.train.micro_batch_size,
+                            self.pad_id))
+        with warnings.catch_warnings():  # a step whose batch was empty took no optimizer step
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            self.scheduler.step()
         t2 = time.perf_counter()
         self.engine.sync_weights(self._unwrapped().named_weights_for_engine())
         m["time/update_s"] = t2 - t1

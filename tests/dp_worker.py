@@ -1,0 +1,64 @@
+"""Run one DAPO update of the scale trainer's path on a fixed batch, on 1 or N processes
+(launched with torchrun). Rank r takes groups [r*k, (r+1)*k); the single-process run is
+given the groups in the order N ranks interleave them into windows, so both must produce
+the same weights. Usage: dp_worker.py MODEL_DIR OUT_FILE [ORDER]"""
+
+import sys
+
+import torch
+from accelerate import Accelerator
+from transformers import AutoModelForCausalLM
+
+from dapo import AlgoConfig, RolloutBatch
+from scale.policy import Policy
+from scale.trainer import run_update
+
+G, GROUPS, T, P = 2, 4, 5, 3
+
+
+def batch(pad_id: int) -> RolloutBatch:
+    g = torch.Generator().manual_seed(0)
+    b = G * GROUPS
+    lengths = torch.randint(1, T + 1, (b,), generator=g)
+    mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
+    response = torch.where(mask, torch.randint(3, 20, (b, T), generator=g), torch.full((b, T), pad_id))
+    prompt_len = torch.randint(1, P + 1, (b,), generator=g)
+    prompt = torch.where(torch.arange(P).unsqueeze(0) < prompt_len.unsqueeze(1),
+                         torch.randint(3, 20, (b, P), generator=g), torch.full((b, P), pad_id))
+    correct = torch.tensor([True, False, True, True, False, False, True, False])
+    rollout = torch.where(mask, -torch.rand(b, T, generator=g), torch.zeros(b, T))
+    return RolloutBatch(old_logp=rollout.clone(), rollout_logp=rollout, mask=mask, lengths=lengths,
+                        truncated=lengths == T, correct=correct, rewards=torch.where(correct, 1.0, -1.0),
+                        group_ids=torch.arange(GROUPS).repeat_interleave(G), group_size=G,
+                        extras={"prompt_ids": prompt, "prompt_len": prompt_len, "response_ids": response})
+
+
+def main() -> None:
+    model_dir, out = sys.argv[1], sys.argv[2]
+    acc = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    policy = Policy(lm, chunk=7)
+    # SGD: Adam divides by sqrt(v) and turns float32 summation-order noise on near-zero
+    # gradients into visible weight differences; the property under test is the gradient.
+    opt = torch.optim.SGD(policy.parameters(), lr=0.5)
+    policy, opt = acc.prepare(policy, opt)
+    full = batch(pad_id=1)
+    algo = AlgoConfig(group_size=G, train_groups=GROUPS, mini_batch_groups=2, expected_len=4, cache_len=1,
+                      max_grad_norm=1.0, tis_cap=2.0)
+    world, rank = acc.num_processes, acc.process_index
+    if world == 1:
+        order = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else list(range(GROUPS))
+        rows = torch.tensor([g * G + i for g in order for i in range(G)])
+        mine = full.select(rows, group_size=G)
+    else:
+        k = GROUPS // world
+        mine = full.select(torch.arange(rank * k * G, (rank + 1) * k * G), group_size=G)
+    m = run_update(acc, policy, opt, algo, mine, micro_batch_size=3, pad_id=1)
+    assert m["actor/optimizer_steps"] == 2, m
+    if acc.is_main_process:
+        torch.save({k: v.detach().clone() for k, v in acc.unwrap_model(policy).lm.state_dict().items()}, out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+import pytest
+
+from scale_support import need
+
+need("yaml")
+
+from dapo.config import ConfigError  # noqa: E402
+from scale.config import PRESET_DIR, load  # noqa: E402
+
+
+def test_presets_load_and_the_paper_setup_is_encoded():
+    c = load("qwen2.5-32b-dapo")
+    a = c.algo
+    assert (a.eps_low, a.eps_high, a.group_size, a.train_groups) == (0.2, 0.28, 16, 512)
+    assert a.train_groups // a.mini_batch_groups == 16
+    assert (a.expected_len, a.cache_len, a.max_len) == (16384, 4096, 20480)
+    assert a.loss_agg == "token-mean" and a.dynamic_sampling and a.soft_overlong
+    assert c.train.lr == 1e-6 and c.train.warmup_steps == 20
+    assert (c.eval.k, c.eval.temperature, c.eval.top_p) == (32, 1.0, 0.7)
+    assert c.rollout.tensor_parallel == 4 and c.model.path == "Qwen/Qwen2.5-32B"
+    tiny = load("tiny-cpu")
+    assert tiny.model.dtype == "float32"
+
+
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        ("algo.eps_low=1.5", "algo.eps_low"),
+        ("algo.eps_lo=0.1", "algo.eps_lo"),
+        ("rollout.temprature=0.7", "rollout.temprature"),
+        ("rollout.engine=sglang", "rollout.engine"),
+        ("train.lr=2", "train.lr"),
+        ("train.micro_batch_size=0", "train.micro_batch_size"),
+        ("eval.top_p=0", "rollout.top_p"),
+        ("output.trackers=[mlflow]", "output.trackers"),
+        ("model.dtype=int8", "model.dtype"),
+    ],
+)
+def test_bad_values_name_the_field(override, field):
+    with pytest.raises(ConfigError) as err:
+        load("tiny-cpu", [override])
+    assert err.value.field == field
+    assert str(PRESET_DIR / "tiny-cpu.yaml") in str(err.value)
+
+
+def test_unknown_section_missing_section_and_bad_yaml(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("algo: {}\nmodel: {path: x}\ndata: {train: y}\nextra: {}\n")
+    with pytest.raises(ConfigError) as err:
+        load(str(f))
+    assert err.value.field == "extra"
+    f.write_text("algo: {}\nmodel: {path: x}\n")
+    with pytest.raises(ConfigError, match="data"):
+        load(str(f))
+    f.write_text("algo: [\n")
+    with pytest.raises(ConfigError, match="YAML"):
+        load(str(f))
+    f.write_text("algo: !!python/object/apply:os.system ['echo hi']\nmodel: {path: x}\ndata: {train: y}\n")
+    with pytest.raises(ConfigError):  # safe_load refuses arbitrary objects
+        load(str(f))
+    with pytest.raises(ConfigError, match="preset"):
+        load("no-such-preset")
+
+
+def test_overrides_apply():
+    c = load("tiny-cpu", ["algo.eps_high=0.3", "rollout.engine=hf", "train.betas=[0.9, 0.95]"])
+    assert c.algo.eps_high == 0.3 and c.rollout.engine == "hf" and c.train.betas == (0.9, 0.95)
+    with pytest.raises(ConfigError):
+        load("tiny-cpu", ["noequals"])

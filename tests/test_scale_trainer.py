@@ -1,0 +1,218 @@
+"""The full-regime trainer on a tiny random Qwen2 on CPU (slow: tens of seconds each)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from scale_support import need
+
+need("transformers", "accelerate", "datasets", "safetensors", "yaml")
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from scale.tiny import build_tiny_data, build_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny")
+    model = build_tiny_model(root / "tiny-model")
+    train, ev = build_tiny_data(root / "tiny-data")
+    return {"model": model, "train": train, "eval": ev, "root": root}
+
+
+def overrides(tiny, out, *extra):
+    return [f"model.path={tiny['model']}", f"data.train={tiny['train']}", f"data.eval={tiny['eval']}",
+            f"output.dir={out}", *extra]
+
+
+def run_cli(args, env_extra=None, timeout=600):
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
+           **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "dapo.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=ROOT)
+
+
+def metrics(out):
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def comparable(m):
+    return {k: v for k, v in m.items() if not k.startswith("time/")}
+
+
+def assert_same(a, b, tol=1e-6):
+    assert a.keys() == b.keys()
+    for k in a:
+        x, y = a[k], b[k]
+        if x is None or y is None:
+            assert x is None and y is None, k
+        else:
+            assert math.isclose(x, y, rel_tol=tol, abs_tol=tol), (k, x, y)
+
+
+def test_policy_logprobs_equal_a_plain_forward(tiny):
+    from transformers import AutoModelForCausalLM
+
+    from scale.policy import Policy, pack
+
+    lm = AutoModelForCausalLM.from_pretrained(tiny["model"], dtype=torch.float32)
+    pol = Policy(lm, chunk=5)
+    prompt = torch.tensor([[5, 6, 7], [8, 1, 1]])
+    plen = torch.tensor([3, 1])
+    resp = torch.tensor([[9, 10, 0, 1], [11, 12, 13, 0]])
+    logp, ent = pol(prompt, plen, resp, pad_id=1)
+    for row, (p, n) in enumerate(zip(prompt, plen)):
+        seq = torch.cat([p[:n], resp[row]]).unsqueeze(0)
+        full = torch.log_softmax(lm(seq).logits[0].float(), -1)
+        ref = full[n - 1 : n - 1 + resp.shape[1]].gather(-1, resp[row].unsqueeze(-1)).squeeze(-1)
+        assert torch.allclose(logp[row], ref, atol=1e-4), (logp[row], ref)
+    ids, attn, pos, p_max = pack(prompt, plen, resp, 1)
+    assert p_max == 3 and ids[1, :3].tolist() == [1, 1, 8] and attn[1, :3].tolist() == [0, 0, 1]
+    assert pos[1, 2].item() == 0 and pos[0, 3].item() == 3
+
+
+def test_hf_engine_three_steps_and_resume_equals_uninterrupted(tiny, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    base = ["train", "--config", "tiny-cpu"]
+    r = run_cli(base + overrides(tiny, a, "rollout.engine=hf"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    full = metrics(a)
+    assert [m["step"] for m in full] == [0, 1, 2]
+    assert sum(m["actor/optimizer_steps"] for m in full) > 0
+    assert full[-1]["eval/problems"] == 8 and "eval/pass@4" in full[-1]
+    r = run_cli(base + overrides(tiny, b, "rollout.engine=hf") + ["--steps", "2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(metrics(b)) == 2
+    r = run_cli(base + overrides(tiny, b, "rollout.engine=hf") + ["--resume", "auto"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stdout + r.stderr
+    resumed = metrics(b)
+    assert [m["step"] for m in resumed] == [0, 1, 2]
+    for x, y in zip(full, resumed):
+        assert_same(comparable(x), comparable(y))
+    ckpt = sorted((b / "checkpoints").glob("step_*"))
+    assert ckpt and (ckpt[-1] / "model.safetensors").is_file()
+
+
+def test_vllm_engine_three_steps_weights_stay_in_sync_and_resume(tiny, tmp_path):
+    need("vllm")
+    a, b = tmp_path / "a", tmp_path / "b"
+    base = ["train", "--config", "tiny-cpu"]
+    r = run_cli(base + overrides(tiny, a))
+    assert r.returncode == 0, r.stderr[-3000:]
+    full = metrics(a)
+    assert [m["step"] for m in full] == [0, 1, 2]
+    assert sum(m["actor/optimizer_steps"] for m in full) > 0
+    for m in full:  # engine vs trainer log-probs of the sampled tokens, after every sync
+        if m.get("mismatch/logp_gap_max") is not None:
+            assert m["mismatch/logp_gap_max"] < 1e-4, m
+    r = run_cli(base + overrides(tiny, b) + ["--steps", "2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_cli(base + overrides(tiny, b) + ["--resume", "auto"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    for x, y in zip(full, metrics(b)):
+        assert_same(comparable(x), comparable(y), tol=1e-5)
+
+
+def test_two_gloo_processes_equal_one(tiny, tmp_path):
+    worker = str(Path(__file__).parent / "dp_worker.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    # 2 ranks x 2 groups, windows of 2 groups = one group per rank: global windows {0,2}, {1,3}
+    r = subprocess.run([sys.executable, worker, str(tiny["model"]), str(one), "0,2,1,3"], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                        "29533", worker, str(tiny["model"]), str(two)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a = torch.load(one, weights_only=True)
+    b = torch.load(two, weights_only=True)
+    from safetensors.torch import load_file
+
+    start = load_file(str(tiny["model"] / "model.safetensors"))
+    assert a.keys() == b.keys()
+    moved = max(float((a[k] - start[k]).abs().max()) for k in start)
+    assert moved > 1e-3  # the update did something
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-6), (k, (a[k] - b[k]).abs().max())
+
+
+def test_non_finite_loss_is_skipped_and_reported(tiny, tmp_path):
+    from scale import trainer as T
+    from scale.config import load
+
+    cfg = load("tiny-cpu", overrides(tiny, tmp_path / "nan", "rollout.engine=hf", "algo.dynamic_sampling=false",
+                                     "train.steps=1"))
+    tr = T.Trainer(cfg)
+    before = {k: v.clone() for k, v in tr._unwrapped().lm.state_dict().items()}
+    real = T.response_logp
+
+    def poisoned(policy, mb, pad_id):
+        logp, ent = real(policy, mb, pad_id)
+        return logp * float("nan") if torch.is_grad_enabled() else logp, ent
+
+    T.response_logp = poisoned
+    try:
+        m = tr.train_step()
+    finally:
+        T.response_logp = real
+    assert m["actor/optimizer_steps"] == 0 and m["actor/skipped_steps"] >= 1
+    after = tr._unwrapped().lm.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_malformed_data_and_bad_config_refuse_to_start(tiny, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "Q: 1 + 1 = ?", "answer": 2}\n{"prompt": "Q: x", "answer": "two"}\n')
+    r = run_cli(["train", "--config", "tiny-cpu", *overrides(tiny, tmp_path / "o", "rollout.engine=hf"),
+                 f"data.train={bad}"])
+    assert r.returncode == 2 and f"{bad}:2: answer" in r.stderr
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+    r = run_cli(["train", "--config", "tiny-cpu", "algo.eps_high=-1"])
+    assert r.returncode == 2 and "algo.eps_high" in r.stderr
+    r = run_cli(["train", "--config", "qwen2.5-32b-dapo", "--validate-only", f"data.train={tiny['train']}",
+                 f"data.eval={tiny['eval']}"])
+    assert r.returncode == 0 and "valid" in r.stdout
+
+
+def test_engine_failures_are_clear_errors():
+    from scale.engines.base import EngineError, Generation, check_generations
+    from scale.engines.vllm_engine import VLLMEngine
+
+    with pytest.raises(EngineError, match="2 samples"):
+        check_generations([[Generation([1], [-0.1], "stop")] * 2], 1, 3, 8)
+    with pytest.raises(EngineError, match="malformed"):
+        check_generations([[Generation([1, 2], [-0.1], "stop")]], 1, 1, 8)
+
+    class HangingLLM:
+        def collective_rpc(self, *a, **k):
+            import time
+
+            time.sleep(5)
+
+        def reset_prefix_cache(self):
+            pass
+
+    eng = object.__new__(VLLMEngine)
+    eng.llm, eng.on_gpu, eng.sync_timeout_s, eng.asleep, eng.sleep_during_training = HangingLLM(), False, 0.2, False, False
+    with pytest.raises(EngineError, match="did not finish within"):
+        eng.sync_weights([("lm_head.weight", torch.zeros(1))])
+    with pytest.raises(EngineError, match="lm_head"):
+        eng.sync_weights([("model.embed_tokens.weight", torch.zeros(1))])
+
+    class BrokenLLM(HangingLLM):
+        def collective_rpc(self, *a, **k):
+            raise RuntimeError("boom")
+
+    eng.llm = BrokenLLM()
+    with pytest.raises(EngineError, match="boom"):
+        eng.sync_weights([("lm_head.weight", torch.zeros(1))])
