@@ -10,3 +10,15 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=300, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def toy_results():
+    """The four failure-mode experiments at their declared seeds (run once per session)."""
+    from toybench.experiment import run_experiments
+    from toybench.experiments import REGISTRY
+
+    return {r.experiment.name: r for r in run_experiments(list(REGISTRY.values()), seeds=10, jobs=2)}

@@ -31,8 +31,8 @@ RECORDED = {
 
 
 @pytest.fixture(scope="module")
-def results():
-    return {r.experiment.name: r for r in run_experiments(list(REGISTRY.values()), seeds=10, jobs=2)}
+def results(toy_results):
+    return toy_results
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))

@@ -21,6 +21,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, default=None, help="override every horizon (exploration only)")
     run.add_argument("--no-plots", action="store_true", help="skip the PNG figures even if seaborn is installed")
     sub.add_parser("list", help="list the experiments")
+    for name, help_, seeds in (("ladder", "the six Table-1 presets in order on the composite task", 10),
+                               ("factorial", "all 2^5 combinations of the five techniques", 5)):
+        q = sub.add_parser(name, help=help_)
+        q.add_argument("--seeds", type=int, default=seeds, help=f"paired seeds per cell (default {seeds})")
+        q.add_argument("--out", type=Path, default=Path(f"reports/{name}"), help=f"default reports/{name}")
+        q.add_argument("--jobs", type=int, default=None)
+        q.add_argument("--steps", type=int, default=None, help="override the 150-step horizon")
+    h = sub.add_parser("health", help="diagnose toy runs with known failure modes (confusion matrix)")
+    h.add_argument("--seeds", type=int, default=10)
+    h.add_argument("--out", type=Path, default=Path("reports/health"))
+    h.add_argument("--jobs", type=int, default=None)
     return p
 
 
@@ -28,6 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     from .experiments import REGISTRY
 
     args = _parser().parse_args(argv)
+    if args.cmd in ("ladder", "factorial"):
+        return _ladder(args, argv)
+    if args.cmd == "health":
+        from .health_suite import run_suite, write_report
+
+        t0 = time.perf_counter()
+        suite = run_suite(seeds=args.seeds, jobs=args.jobs)
+        command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
+        path = write_report(suite, args.out, command, time.perf_counter() - t0)
+        print(path.read_text())
+        return 0
     if args.cmd == "list":
         for name, e in REGISTRY.items():
             print(f"{name:<18} {e.title}\n{'':<18} {e.paper}; arms: {', '.join(e.arms)}")
@@ -65,4 +87,20 @@ def run(chosen, seeds: int, out: Path, jobs: int | None, policy: str, steps: int
                 print(f"figure: {path}")
         else:
             print("figures skipped: install the report extra (pip install 'dapo-repro[report]')")
+    return 0
+
+
+def _ladder(args, argv) -> int:
+    from . import ladder as L
+    from .ladder_report import write_factorial, write_ladder
+
+    if args.seeds < 2:
+        print(f"dapo toy {args.cmd}: --seeds must be >= 2", file=sys.stderr)
+        return 2
+    result, wall = L.run(args.cmd, args.seeds, args.jobs, args.steps or L.STEPS)
+    command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
+    writer = write_ladder if args.cmd == "ladder" else write_factorial
+    path = writer(result, wall, args.out, command)
+    print(path.read_text())
+    print(f"{args.cmd}: {wall:.1f} s wall; report {path}")
     return 0

@@ -30,6 +30,8 @@ class Arm:
     task: str | None = None
     """Task override (defaults to the experiment's task)."""
     task_kwargs: dict[str, Any] = field(default_factory=dict)
+    faults: dict[str, Any] = field(default_factory=dict)
+    """Fault injection passed to :class:`RunSpec` (``engine_noise``, ``nan_steps``)."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ class Experiment:
         a = self.arms[arm]
         lr = a.lr if policy == "tabular" else a.lr_gru
         return RunSpec(task=a.task or self.task, cfg=a.cfg, steps=steps or self.steps, lr=lr, seed=seed,
-                       policy=policy, task_kwargs=dict(a.task_kwargs))
+                       policy=policy, task_kwargs=dict(a.task_kwargs), **a.faults)
 
 
 # ---- summaries ---------------------------------------------------------------------------

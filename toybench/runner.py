@@ -35,6 +35,12 @@ class RunSpec:
     """Arguments of the task factory (e.g. a different ``max_len``)."""
     init_noise: float = 0.5
     """Std of the tabular policy's per-seed logit noise around the task prior."""
+    engine_noise: float = 0.0
+    """Fault injection for health checks: the std of Gaussian noise on the log-probs a
+    simulated rollout engine reports (``rollout_logp``); 0 reports none."""
+    nan_steps: tuple[int, ...] = ()
+    """Fault injection for health checks: steps whose new log-probs are NaN (a numerical
+    fault the update must skip)."""
 
 
 def make_task(spec: RunSpec) -> TokenTask:
@@ -99,7 +105,8 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
     best = _best_paths(task)
 
     def logp_fn(mb: RolloutBatch):
-        return policy.logp_entropy(mb.extras["prompts"], mb.extras["tokens"])
+        logp, ent = policy.logp_entropy(mb.extras["prompts"], mb.extras["tokens"])
+        return (logp * float("nan") if step in spec.nan_steps else logp), ent
 
     log: list[dict[str, float]] = []
     totals = {"responses": 0.0, "tokens": 0.0, "opt_steps": 0.0}
@@ -117,6 +124,11 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
         with warnings.catch_warnings():  # recorded as sampling/underfilled instead
             warnings.simplefilter("ignore", SamplingWarning)
             batch = sampler.take()
+        if batch is not None and spec.engine_noise > 0:
+            noisy = batch.old_logp + spec.engine_noise * torch.randn(batch.old_logp.shape, generator=gen,
+                                                                     dtype=batch.old_logp.dtype)
+            batch = RolloutBatch(**{**batch.__dict__, "rollout_logp": torch.where(
+                batch.mask, noisy.clamp(max=0.0), torch.zeros_like(noisy))})
         m.update(sampler.metrics())
         m.update(update(batch, logp_fn, optimizer, cfg))
         totals["responses"] += m["sampling/generated_groups"] * cfg.group_size

@@ -1,0 +1,277 @@
+"""``dapo plan``: will this run fit on this cluster, and how long will a step take?
+
+A back-of-the-envelope planner with every assumption printed. Per GPU it estimates:
+
+* trainer state under FSDP full sharding over all GPUs: fp32 master parameters (4 B),
+  fp32 gradients (4 B) and AdamW moments (8 B) per parameter, divided by the GPU count;
+  parameter and optimizer offload move them to host memory;
+* the working set of the update: bf16 copies of the two decoder layers gathered at a time,
+  activations with gradient checkpointing (one bf16 hidden state per layer per token, plus
+  one layer's full activations, 34 * hidden bytes per token, Korthikanti et al. 2022, with
+  flash attention) for the micro-batch's tokens, and the chunked log-prob buffers;
+* the colocated vLLM engine: bf16 weights split over the tensor-parallel group and the KV
+  cache (2 * layers * kv_heads * head_dim * 2 B per token) of the sequences it must hold
+  at the generation ceiling, within ``gpu_memory_utilization`` of the GPU;
+* the two phases: generation (engine awake, trainer state resident unless offloaded) and
+  training (engine asleep when ``sleep_during_training``, else its reservation stays);
+* step time from FLOPs (training: 8 * params per token for forward, backward and
+  recomputation, plus 2 * params per token for the old log-probs, at an assumed MFU) and
+  rollout as decode-bound throughput per GPU, bounded below by the longest response at a
+  per-sequence decode speed, including the extra rounds dynamic sampling needs at a given
+  acceptance rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Arch:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tied: bool
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def layer_params(self) -> int:
+        h, kv = self.hidden, self.kv_heads * self.head_dim
+        attn = h * h + h + 2 * (h * kv + kv) + h * h  # q (bias), k, v (bias), o
+        mlp = 3 * h * self.intermediate
+        return attn + mlp + 2 * h
+
+    def params(self) -> int:
+        emb = self.vocab * self.hidden
+        return emb * (1 if self.tied else 2) + self.layers * self.layer_params() + self.hidden
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+
+# Qwen2.5 base models (their config.json)
+KNOWN: dict[str, Arch] = {
+    "Qwen/Qwen2.5-0.5B": Arch(896, 24, 14, 2, 4864, 151936, True),
+    "Qwen/Qwen2.5-1.5B": Arch(1536, 28, 12, 2, 8960, 151936, True),
+    "Qwen/Qwen2.5-3B": Arch(2048, 36, 16, 2, 11008, 151936, True),
+    "Qwen/Qwen2.5-7B": Arch(3584, 28, 28, 4, 18944, 152064, False),
+    "Qwen/Qwen2.5-14B": Arch(5120, 48, 40, 8, 13824, 152064, False),
+    "Qwen/Qwen2.5-32B": Arch(5120, 64, 40, 8, 27648, 152064, False),
+    "Qwen/Qwen2.5-72B": Arch(8192, 80, 64, 8, 29568, 152064, False),
+}
+
+
+def arch_for(path: str) -> Arch:
+    if path in KNOWN:
+        return KNOWN[path]
+    cfg_file = Path(path) / "config.json"
+    if cfg_file.is_file():
+        c = json.loads(cfg_file.read_text())
+        return Arch(c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
+                    c.get("num_key_value_heads", c["num_attention_heads"]), c["intermediate_size"], c["vocab_size"],
+                    bool(c.get("tie_word_embeddings", False)))
+    raise ValueError(f"unknown model {path!r}: use one of {sorted(KNOWN)} or a directory with config.json")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int
+    gpus_per_node: int
+    gpu_mem_gib: float
+    gpu_tflops: float = 312.0
+    """Dense bf16 peak per GPU (A100: 312, H100 SXM: 989)."""
+    mfu: float = 0.35
+    decode_tokens_per_s_per_gpu: float = 1000.0
+    """Aggregate decode throughput per GPU of a large batch (model-dependent; 32B on A100
+    at TP 4: ~1k)."""
+    decode_tokens_per_s_per_seq: float = 30.0
+    """Decode speed of a single sequence (bounds the step by its longest response)."""
+    overhead_gib: float = 3.0
+    """CUDA context, NCCL buffers, allocator fragmentation per GPU."""
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Strategy:
+    param_offload: bool = True
+    optimizer_offload: bool = True
+    micro_batch_tokens: int | None = None
+    """Tokens per micro-batch per GPU; None: one response at the ceiling plus its prompt."""
+    mean_response_frac: float = 0.25
+    """Mean response length as a fraction of the ceiling (the paper's runs: ~1k-4k of 20k)."""
+    acceptance: float = 0.5
+    """Share of generated groups dynamic sampling keeps (0 < a <= 1)."""
+    prompt_tokens: int = 512
+
+
+@dataclass
+class Plan:
+    params: int
+    per_gpu_gib: dict[str, float]
+    train_phase_gib: float
+    generation_phase_gib: float
+    fits: bool
+    engine_concurrency: int
+    engine_sequences_needed: int
+    step_seconds: dict[str, float]
+    problems: list[str]
+    advice: list[str]
+    assumptions: dict
+
+
+def plan(cfg, cluster: Cluster, strategy: Strategy = Strategy()) -> Plan:
+    """Estimate memory and step time of ``cfg`` (a :class:`scale.config.RunConfig`)."""
+    a = arch_for(cfg.model.path)
+    n, mem = cluster.gpus, cluster.gpu_mem_gib * GiB
+    tp = cfg.rollout.tensor_parallel
+    if n % tp:
+        raise ValueError(f"{n} GPUs are not divisible by tensor_parallel={tp}")
+    p = a.params()
+    algo = cfg.algo
+    ceiling = strategy.prompt_tokens + algo.max_len
+    mb_tokens = strategy.micro_batch_tokens or ceiling
+
+    states = {
+        "fp32 parameters (sharded)": 0 if strategy.param_offload else 4 * p / n,
+        "fp32 gradients (sharded)": 4 * p / n,
+        "AdamW moments (sharded)": 0 if strategy.optimizer_offload else 8 * p / n,
+    }
+    work = {
+        "gathered bf16 layers (2)": 2 * 2 * a.layer_params() + (2 * a.vocab * a.hidden if not a.tied else 0),
+        "checkpointed activations": mb_tokens * a.hidden * 2 * a.layers,
+        "one layer's activations": mb_tokens * 34 * a.hidden,
+        "log-prob chunk buffers": 3 * cfg.model.logprob_chunk * a.vocab * 4,
+    }
+    engine_weights = 2 * p / tp
+    reserve = cfg.rollout.gpu_memory_utilization * mem
+    kv_budget = max(0.0, reserve - engine_weights)
+    kv_per_seq = a.kv_bytes_per_token() * ceiling / tp
+    engines = n // tp
+    gen_seqs = cfg.gen_groups * algo.group_size
+    per_engine = math.ceil(gen_seqs / engines)
+    concurrency = int(kv_budget // kv_per_seq) if kv_per_seq else 0
+    engine = {"vLLM weights (TP shard)": engine_weights, "vLLM KV cache (reserved)": kv_budget}
+
+    resident = sum(states.values())
+    overhead = cluster.overhead_gib * GiB
+    sleeping = cfg.rollout.sleep_during_training
+    train_phase = resident + sum(work.values()) + overhead + (0 if sleeping else reserve)
+    gen_phase = resident + reserve + overhead
+    problems, advice = [], []
+    if train_phase > mem:
+        problems.append(f"training phase needs {train_phase / GiB:.1f} GiB per GPU > {cluster.gpu_mem_gib:g} GiB")
+        if not (strategy.param_offload and strategy.optimizer_offload):
+            advice.append("offload parameters and optimizer states to CPU (FSDP offload)")
+        advice.append(f"more GPUs: sharded state is {resident / GiB:.1f} GiB at {n} GPUs")
+        if work["checkpointed activations"] + work["one layer's activations"] > 0.3 * mem:
+            advice.append("smaller micro-batch in tokens (or sequence parallelism for 20k-token responses)")
+        if not sleeping:
+            advice.append("rollout.sleep_during_training=true frees the engine's reservation while training")
+    if gen_phase > mem:
+        problems.append(f"generation phase needs {gen_phase / GiB:.1f} GiB per GPU > {cluster.gpu_mem_gib:g} GiB")
+        advice.append("lower rollout.gpu_memory_utilization or offload trainer state during generation")
+    if engine_weights > reserve:
+        problems.append(f"vLLM weights ({engine_weights / GiB:.1f} GiB per GPU) exceed its reservation "
+                        f"({reserve / GiB:.1f} GiB)")
+        advice.append(f"raise rollout.tensor_parallel (now {tp})")
+    elif concurrency < 1:
+        problems.append("the vLLM KV cache cannot hold one sequence at the generation ceiling")
+        advice.append("raise rollout.tensor_parallel or rollout.gpu_memory_utilization")
+
+    # time
+    mean_resp = strategy.mean_response_frac * algo.max_len
+    train_tokens = algo.train_groups * algo.group_size * (strategy.prompt_tokens + mean_resp)
+    flops = 10 * p * train_tokens * algo.ppo_epochs
+    train_s = flops / (n * cluster.gpu_tflops * 1e12 * cluster.mfu)
+    acc = strategy.acceptance if algo.dynamic_sampling else 1.0
+    groups_needed = algo.train_groups / acc
+    rounds = math.ceil(groups_needed / cfg.gen_groups)
+    gen_tokens = rounds * cfg.gen_groups * algo.group_size * mean_resp
+    gen_throughput_s = gen_tokens / (n * cluster.decode_tokens_per_s_per_gpu)
+    tail_s = rounds * algo.max_len / cluster.decode_tokens_per_s_per_seq
+    gen_s = max(gen_throughput_s, tail_s)
+    step = {"generation": gen_s, "generation_rounds": float(rounds), "training": train_s, "total": gen_s + train_s}
+    return Plan(
+        params=p,
+        per_gpu_gib={k: v / GiB for k, v in {**states, **work, **engine, "overhead": overhead}.items()},
+        train_phase_gib=train_phase / GiB, generation_phase_gib=gen_phase / GiB, fits=not problems,
+        engine_concurrency=concurrency, engine_sequences_needed=per_engine, step_seconds=step,
+        problems=problems, advice=advice,
+        assumptions={**asdict(cluster), **asdict(strategy), "micro_batch_tokens": mb_tokens, "ceiling_tokens": ceiling,
+                     "tensor_parallel": tp, "gpu_memory_utilization": cfg.rollout.gpu_memory_utilization,
+                     "sleep_during_training": sleeping, "mean_response_tokens": mean_resp,
+                     "train_tokens_per_step": train_tokens, "generated_tokens_per_step": gen_tokens},
+    )
+
+
+def format_plan(pl: Plan, cfg, cluster: Cluster) -> str:
+    lines = [f"model {cfg.model.path}: {pl.params / 1e9:.2f} B parameters; {cluster.nodes} node(s) x "
+             f"{cluster.gpus_per_node} GPUs x {cluster.gpu_mem_gib:g} GiB",
+             "", "per GPU (GiB):"]
+    lines += [f"  {k:<32} {v:8.2f}" for k, v in pl.per_gpu_gib.items()]
+    lines += [f"  {'training phase':<32} {pl.train_phase_gib:8.2f}",
+              f"  {'generation phase':<32} {pl.generation_phase_gib:8.2f}",
+              f"vLLM: {pl.engine_concurrency} sequences at the ceiling fit per engine; "
+              f"{pl.engine_sequences_needed} per engine per round requested"
+              + (" (they queue)" if pl.engine_concurrency < pl.engine_sequences_needed else ""),
+              "", "step time (s): " + ", ".join(f"{k} {v:,.0f}" for k, v in pl.step_seconds.items()),
+              "", "FITS" if pl.fits else "DOES NOT FIT"]
+    lines += [f"  - {p}" for p in pl.problems]
+    if pl.advice:
+        lines += ["what to change:"] + [f"  - {a}" for a in pl.advice]
+    lines += ["", "assumptions: " + ", ".join(f"{k}={v}" for k, v in pl.assumptions.items())]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="dapo plan", description="Memory and step-time estimate of a run.")
+    ap.add_argument("--config", required=True, help="YAML config or preset name")
+    ap.add_argument("--gpus", type=int, required=True, help="GPUs per node")
+    ap.add_argument("--gpu-mem", type=float, required=True, help="GiB per GPU")
+    ap.add_argument("--nodes", type=int, default=1)
+    ap.add_argument("--gpu-tflops", type=float, default=312.0)
+    ap.add_argument("--mfu", type=float, default=0.35)
+    ap.add_argument("--decode-tokens-per-s", type=float, default=1000.0, help="per GPU, large batch")
+    ap.add_argument("--no-offload", action="store_true", help="keep parameters and optimizer on the GPU")
+    ap.add_argument("--micro-batch-tokens", type=int, default=None)
+    ap.add_argument("--acceptance", type=float, default=0.5, help="dynamic-sampling acceptance rate")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("overrides", nargs="*", help="section.field=value")
+    args = ap.parse_args(argv)
+    from dapo.config import ConfigError
+
+    from .config import load
+
+    try:
+        cfg = load(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"dapo plan: invalid config: {err}", file=sys.stderr)
+        return 2
+    if not 0 < args.acceptance <= 1:
+        print("dapo plan: --acceptance must lie in (0, 1]", file=sys.stderr)
+        return 2
+    cluster = Cluster(args.nodes, args.gpus, args.gpu_mem, args.gpu_tflops, args.mfu, args.decode_tokens_per_s)
+    strategy = Strategy(param_offload=not args.no_offload, optimizer_offload=not args.no_offload,
+                        micro_batch_tokens=args.micro_batch_tokens, acceptance=args.acceptance)
+    try:
+        pl = plan(cfg, cluster, strategy)
+    except ValueError as err:
+        print(f"dapo plan: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(asdict(pl), indent=2) if args.json else format_plan(pl, cfg, cluster))
+    return 0 if pl.fits else 1

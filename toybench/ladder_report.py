@@ -1,0 +1,187 @@
+"""Markdown reports (and seaborn figures) for ``dapo toy ladder`` and ``dapo toy factorial``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from dapo import PRESETS, SWITCHES
+
+from . import ladder as L
+from .experiment import ExperimentResult
+from .output import write_metrics
+from .plots import plotting_available
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.3f}"
+
+
+def _ci(lo: float, hi: float) -> str:
+    return f"[{lo:+.3f}, {hi:+.3f}]"
+
+
+def write_ladder(result: ExperimentResult, wall: float, out: Path, command: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    write_metrics(result, out / "metrics.jsonl")
+    s = result.summaries
+    lines = [
+        "# The Table-1 ladder on the composite toy", "",
+        f"Command: `{command}`  ", f"Wall time: {wall:.1f} s; {len(result.seeds)} paired seeds per rung; "
+        f"horizon {result.experiment.steps} steps; tabular policy, SGD lr {L.LR}.", "",
+        "Each rung adds one technique to the one above (the paper's order). The paper's AIME avg@32: "
+        "30, 36, 38, 41, 42, 50. Values: mean over seeds [95% bootstrap interval]; step: paired difference "
+        "from the rung above [95% BCa interval].", "",
+    ]
+    table = {}
+    for metric in ("accuracy_final", "accuracy_mean"):
+        steps = L.ladder_steps(s[metric])
+        table[metric] = steps
+        lines += [f"## {L.RESPONSES[metric].description}", "", "| rung | mean | 95% CI | step | step 95% CI |",
+                  "|---|---|---|---|---|"]
+        for r in steps:
+            lines.append(f"| {r['rung']} | {r['mean']:.3f} | {_ci(r['low'], r['high'])} | "
+                         f"{_fmt(r.get('step'))} | {_ci(r['step_low'], r['step_high']) if 'step' in r else ''} |")
+        lines.append("")
+    lines += ["## Health metrics per rung (means over seeds)", "",
+              "| rung | entropy | truncation | length | all-wrong groups | rare path prob | responses generated |",
+              "|---|---|---|---|---|---|---|"]
+    for rung in PRESETS:
+        m = {k: float(np.nanmean(s[k][rung])) for k in s}
+        lines.append(f"| {rung} | {m['entropy_final']:.3f} | {m['truncation_final']:.3f} | {m['length_final']:.2f} | "
+                     f"{m['uniform_groups_final']:.3f} | {m['best_path_final']:.3f} | {m['responses_total']:.0f} |")
+    _write_reference(result, out / "reference.json")
+    fig = _ladder_figure(result, out) if plotting_available() else None
+    if fig:
+        lines += ["", f"![ladder]({fig})"]
+    (out / "ladder.json").write_text(json.dumps({"command": command, "wall_seconds": wall, "seeds": result.seeds,
+                                                 "steps": result.experiment.steps, "table": table,
+                                                 "summaries": s}, indent=2, default=L.nan_to_none))
+    path = out / "README.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _ladder_figure(result: ExperimentResult, out: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+
+    rows = [{"rung": arm, "seed": seed, "step": m["step"], "accuracy": m["toy/expected_accuracy"],
+             "entropy": m["actor/entropy"]}
+            for arm, runs in result.logs.items() for seed, log in runs.items() for m in log]
+    df = pd.DataFrame(rows)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+    for ax, y in zip(axes[:2], ("accuracy", "entropy")):
+        sns.lineplot(data=df, x="step", y=y, hue="rung", errorbar=("ci", 95), n_boot=200, seed=0, ax=ax)
+        ax.legend(fontsize=6)
+    fin = pd.DataFrame([{"rung": r, "accuracy": v} for r in PRESETS for v in result.summaries["accuracy_final"][r]])
+    sns.pointplot(data=fin, x="rung", y="accuracy", errorbar=("ci", 95), n_boot=500, seed=0, ax=axes[2])
+    axes[2].tick_params(axis="x", rotation=30)
+    axes[2].set_title("final accuracy per rung", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "ladder.png", dpi=100)
+    plt.close(fig)
+    return "ladder.png"
+
+
+def write_factorial(result: ExperimentResult, wall: float, out: Path, command: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    s = result.summaries
+    lines = [
+        "# The 2^5 factorial on the composite toy", "",
+        f"Command: `{command}`  ", f"Wall time: {wall:.1f} s for {len(result.experiment.arms)} cells x "
+        f"{len(result.seeds)} paired seeds; horizon {result.experiment.steps} steps.", "",
+        "Switches, in the paper's order of addition: " + ", ".join(f"`{k}`" for k in SWITCHES) + ". "
+        "Effects use +-1 coding: mean over the cells with the switch on minus the cells with it off "
+        "(interactions: cells where the two agree minus where they differ). Intervals: 95% bootstrap over "
+        "seeds, paired across cells.", "",
+    ]
+    payload = {"command": command, "wall_seconds": wall, "seeds": result.seeds, "steps": result.experiment.steps}
+    for metric in ("accuracy_final", "accuracy_mean"):
+        eff = L.factorial_effects(s[metric])
+        sh = L.shapley(s[metric])
+        payload[metric] = {"effects": {k: [e.__dict__ for e in v] for k, v in eff.items()}, "shapley": sh}
+        lines += [f"## Response: {L.RESPONSES[metric].description}", "", "### Main effects", "",
+                  "| technique | effect | 95% CI |", "|---|---|---|"]
+        lines += [f"| {e.name} | {e.mean:+.3f} | {_ci(e.low, e.high)} |" for e in eff["main"]]
+        lines += ["", "### Two-way interactions", "", "| pair | interaction | 95% CI |", "|---|---|---|"]
+        lines += [f"| {e.name} | {e.mean:+.3f} | {_ci(e.low, e.high)} |{' **' if e.low > 0 or e.high < 0 else ''}"
+                  for e in eff["interactions"]]
+        lines += ["", "### Contribution by order of addition", "",
+                  "Shapley value: the gain from adding a technique, averaged over all 120 orders; its range "
+                  "over orders; and its gain in the paper's order (the ladder).", "",
+                  "| technique | Shapley | 95% CI | min over orders | max over orders | paper's order |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {k} | {v['shapley']:+.3f} | {_ci(v['low'], v['high'])} | {v['min_over_orders']:+.3f} | "
+                  f"{v['max_over_orders']:+.3f} | {v['paper_order']:+.3f} |" for k, v in sh.items()]
+        lines.append("")
+    cells = sorted(result.experiment.arms, key=lambda n: -float(np.mean(s["accuracy_final"][n])))
+    lines += ["## Cells (final accuracy, mean over seeds)", "", "| cell | accuracy | entropy | truncation |",
+              "|---|---|---|---|"]
+    lines += [f"| {c} | {np.mean(s['accuracy_final'][c]):.3f} | {np.nanmean(s['entropy_final'][c]):.3f} | "
+              f"{np.nanmean(s['truncation_final'][c]):.3f} |" for c in cells]
+    if plotting_available():
+        lines += ["", f"![effects]({_factorial_figure(payload, out)})"]
+    (out / "factorial.json").write_text(json.dumps(payload, indent=2, default=L.nan_to_none))
+    (out / "cells.json").write_text(json.dumps(s, indent=2, default=L.nan_to_none))
+    path = out / "README.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _factorial_figure(payload: dict, out: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", font_scale=0.8)
+    eff = payload["accuracy_final"]["effects"]["main"]
+    sh = payload["accuracy_final"]["shapley"]
+    inter = payload["accuracy_final"]["effects"]["interactions"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    names = [e["name"] for e in eff]
+    axes[0].barh(names, [e["mean"] for e in eff],
+                 xerr=[[e["mean"] - e["low"] for e in eff], [e["high"] - e["mean"] for e in eff]], color="C0")
+    axes[0].set_title("main effects on final accuracy (95% CI)")
+    ks = list(sh)
+    axes[1].barh(ks, [sh[k]["shapley"] for k in ks], color="C2", label="Shapley")
+    for i, k in enumerate(ks):
+        axes[1].plot([sh[k]["min_over_orders"], sh[k]["max_over_orders"]], [i, i], color="k", lw=1)
+        axes[1].plot(sh[k]["paper_order"], i, "o", color="C3", label="paper's order" if i == 0 else None)
+    axes[1].legend(fontsize=7)
+    axes[1].set_title("contribution: Shapley (bar), range over orders (line)")
+    switches = list(SWITCHES)
+    grid = np.zeros((len(switches), len(switches)))
+    for e in inter:
+        a, b = e["name"].split(" x ")
+        i, j = switches.index(a), switches.index(b)
+        grid[i, j] = grid[j, i] = e["mean"]
+    sns.heatmap(grid, xticklabels=switches, yticklabels=switches, center=0, annot=True, fmt=".3f", ax=axes[2],
+                cmap="vlag", cbar=False)
+    axes[2].set_title("two-way interactions")
+    fig.tight_layout()
+    fig.savefig(out / "factorial.png", dpi=100)
+    plt.close(fig)
+    return "factorial.png"
+
+
+def _write_reference(result: ExperimentResult, path: Path) -> None:
+    """Bands of the healthy reference (the dapo rung) for ``dapo diagnose --reference``."""
+    from dapo.health import references_from_runs
+
+    runs = list(result.logs["dapo"].values())
+    refs = references_from_runs(runs, ["actor/entropy", "rollout/length_mean", "rollout/truncation_rate",
+                                       "rollout/accuracy", "actor/mean_prob", "rollout/groups_all_wrong"],
+                                source=f"toybench composite task, dapo rung, {len(runs)} seeds (min..max)")
+    path.write_text(json.dumps({k: {"source": r.source, "progress": r.progress, "low": r.low, "high": r.high,
+                                    "note": "toy reference: compare toy runs only"} for k, r in refs.items()},
+                               indent=2))
