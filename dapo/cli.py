@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "train": ("full regime: DAPO training from a YAML config", "scale.cli:train_main", "scale"),
     "eval": ("evaluate a model: avg@k, pass@k, cons@k", "scale.cli:eval_main", "scale"),
     "plan": ("estimate memory and step time of a run on a cluster", "scale.plan:main", None),
+    "launch": ("generate a multi-node launch (slurm, torchrun, accelerate)", "scale.launch:main", None),
+    "gate": ("write or check the toy gate in front of full-scale runs", "scale.gate:main", None),
 }
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -61,12 +61,6 @@ def _params(optimizer: torch.optim.Optimizer) -> list[Tensor]:
     return [p for g in optimizer.param_groups for p in g["params"]]
 
 
-def _windows(n_groups: int, per_window: int, group_size: int, order: Tensor) -> Iterable[Tensor]:
-    for start in range(0, n_groups, per_window):
-        groups = order[start : start + per_window]
-        yield (groups.view(-1, 1) * group_size + torch.arange(group_size)).view(-1)
-
-
 def update(
     batch: RolloutBatch | None,
     logp_fn: LogProbFn,
@@ -81,9 +75,10 @@ def update(
 ) -> dict[str, float]:
     """Run ``cfg.ppo_epochs`` x (batch groups / ``cfg.mini_batch_groups``) optimizer steps.
 
-    Under data parallelism each rank passes its own shard and ``dp``; a window then holds
-    ``cfg.mini_batch_groups / dp.world_size`` groups of every rank (the config keeps its
-    global meaning).
+    Under data parallelism each rank passes its own shard (whole groups, the same number on
+    every rank) and ``dp``. The number of optimizer steps per epoch is the global batch's
+    groups / ``cfg.mini_batch_groups``; each rank cuts its responses into that many windows,
+    so a window may hold a fraction of a group per rank (128 GPUs, 32-group windows).
 
     ``logp_fn(mini_batch)`` returns the current policy's log-probs (and entropy) of the
     mini-batch's response tokens, as :class:`LogProbs` or a ``(logp, entropy)`` tuple.
@@ -122,11 +117,9 @@ def update(
                 float((w >= cfg.tis_cap * (1 - 1e-6)).float().mean()) if w.numel() else math.nan
             )
 
-    if cfg.mini_batch_groups % dp.world_size:
-        raise ValueError(
-            f"mini_batch_groups={cfg.mini_batch_groups} is not divisible by world_size={dp.world_size}"
-        )
-    per_rank_window = cfg.mini_batch_groups // dp.world_size
+    # optimizer steps per epoch: the whole (all-rank) batch cut into windows of
+    # mini_batch_groups groups; each rank cuts its own responses into that many pieces
+    n_windows = max(1, math.ceil(batch.num_groups * dp.world_size / cfg.mini_batch_groups))
     sums = _Sums()
     n_groups = batch.num_groups
     for epoch in range(cfg.ppo_epochs):
@@ -134,7 +127,8 @@ def update(
             order = torch.randperm(n_groups, generator=generator)
         else:
             order = torch.arange(n_groups)
-        for rows in _windows(n_groups, per_rank_window, g, order):
+        rows_all = (order.view(-1, 1) * g + torch.arange(g)).view(-1)
+        for rows in torch.tensor_split(rows_all, n_windows):
             rows = rows.to(batch.old_logp.device)
             denom = dp.sum(
                 window_denominator(loss_mask[rows], cfg.loss_agg, cfg.norm_const).to(batch.old_logp.device)

@@ -15,6 +15,9 @@ def train_main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", default=None, help="'auto' (latest checkpoint of output.dir) or a checkpoint dir")
     p.add_argument("--steps", type=int, default=None, help="stop after this many steps of this invocation")
     p.add_argument("--validate-only", action="store_true", help="check the config and the data files, then exit")
+    p.add_argument("--require-gate", action="store_true",
+                   help="refuse to start unless the toy gate passed for this commit and algo config")
+    p.add_argument("--force", action="store_true", help="start without a matching gate (recorded in the run)")
     args = p.parse_args(argv)
 
     from dapo.config import ConfigError
@@ -29,6 +32,21 @@ def train_main(argv: list[str] | None = None) -> int:
         return 2
     if args.validate_only:
         return _validate_data(cfg)
+    gate = {"required": args.require_gate}
+    if args.require_gate:
+        from .gate import GateError, check
+
+        try:
+            gate["record"] = check(cfg)
+        except GateError as err:
+            if not args.force:
+                print(f"dapo train: refusing to start: {err}\n(--force overrides; it is recorded in the run)",
+                      file=sys.stderr)
+                return 5
+            print(f"WARNING: STARTING WITHOUT A MATCHING TOY GATE (--force): {err}", file=sys.stderr)
+            gate.update({"forced": True, "reason": str(err)})
+    Path(cfg.output.dir).mkdir(parents=True, exist_ok=True)
+    (Path(cfg.output.dir) / "gate.json").write_text(json.dumps(gate, indent=2, default=str))
     _ensure_tiny(cfg)
     from .engines import EngineError
     from .trainer import Trainer

@@ -54,6 +54,12 @@ class Policy(nn.Module):
         tied to the embeddings (leaving it out silently desynchronises vLLM's lm_head)."""
         state = self.lm.state_dict()
         for name, tensor in state.items():
-            yield name, tensor.detach()
+            yield name, _full(tensor)
         if "lm_head.weight" not in state:
-            yield "lm_head.weight", self.output_weight().detach()
+            yield "lm_head.weight", _full(self.output_weight())
+
+
+def _full(t: Tensor) -> Tensor:
+    """A whole tensor from a possibly sharded one (FSDP2 DTensor -> all-gathered)."""
+    t = t.detach()
+    return t.full_tensor() if hasattr(t, "full_tensor") else t

@@ -105,8 +105,7 @@ class Trainer:
         )
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
         algo = cfg.algo
-        for name, total in (("algo.train_groups", algo.train_groups), ("rollout.gen_groups", cfg.gen_groups),
-                            ("algo.mini_batch_groups", algo.mini_batch_groups)):
+        for name, total in (("algo.train_groups", algo.train_groups), ("rollout.gen_groups", cfg.gen_groups)):
             if total % self.world:
                 raise ValueError(f"{name}={total} is not divisible by the {self.world} processes")
         torch.manual_seed(cfg.train.seed)
@@ -147,7 +146,7 @@ class Trainer:
         if resume:
             self._resume(resume)
         self.engine = self._make_engine()
-        self.engine.sync_weights(self._unwrapped().named_weights_for_engine())
+        self._sync_engine()
         if self.acc.is_main_process:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
@@ -159,6 +158,23 @@ class Trainer:
     # ---- setup helpers ----------------------------------------------------------------
     def _unwrapped(self) -> Policy:
         return self.acc.unwrap_model(self.policy)
+
+    def _sync_engine(self) -> None:
+        """Every full weight into the engine. Under FSDP1 the parameters are gathered for the
+        duration of the sync (FSDP2 DTensors are gathered tensor by tensor)."""
+        from accelerate.utils import DistributedType
+
+        if self.acc.distributed_type == DistributedType.FSDP and not hasattr(self.policy, "full_tensor"):
+            try:
+                from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+                if isinstance(self.policy, FSDP):
+                    with FSDP.summon_full_params(self.policy, writeback=False, rank0_only=False):
+                        self.engine.sync_weights(self._unwrapped().named_weights_for_engine())
+                    return
+            except ImportError:
+                pass
+        self.engine.sync_weights(self._unwrapped().named_weights_for_engine())
 
     def _make_engine(self):
         c = self.cfg
@@ -288,7 +304,7 @@ class Trainer:
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
             self.scheduler.step()
         t2 = time.perf_counter()
-        self.engine.sync_weights(self._unwrapped().named_weights_for_engine())
+        self._sync_engine()
         m["time/update_s"] = t2 - t1
         m["time/sync_s"] = time.perf_counter() - t2
         m["time/step_s"] = time.perf_counter() - t0

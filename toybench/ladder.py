@@ -32,10 +32,10 @@ from .stats import paired_interval
 TASK = "composite"
 STEPS = 150
 LR = 20.0
-TOY = dict(group_size=8, train_groups=16, mini_batch_groups=4, expected_len=9, cache_len=3, max_grad_norm=None,
+TOY = dict(group_size=8, train_groups=16, mini_batch_groups=4, expected_len=12, cache_len=4, max_grad_norm=None,
            max_gen_rounds=5)
-"""The composite task's geometry (ceiling 12 tokens, soft ramp 9..12); everything else
-comes from the preset or the switches."""
+"""The composite task's geometry (ceiling 16 tokens, soft ramp 12..16 above the 9-token
+answers the long prompts need); everything else comes from the preset or the switches."""
 
 RESPONSES: dict[str, Summary] = {
     "accuracy_final": Summary(final("toy/expected_accuracy"), "exact expected accuracy, last 10 steps"),

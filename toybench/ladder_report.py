@@ -24,6 +24,10 @@ def _ci(lo: float, hi: float) -> str:
     return f"[{lo:+.3f}, {hi:+.3f}]"
 
 
+def _range(lo: float, hi: float) -> str:
+    return f"[{lo:.3f}, {hi:.3f}]"
+
+
 def write_ladder(result: ExperimentResult, wall: float, out: Path, command: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_metrics(result, out / "metrics.jsonl")
@@ -43,7 +47,7 @@ def write_ladder(result: ExperimentResult, wall: float, out: Path, command: str)
         lines += [f"## {L.RESPONSES[metric].description}", "", "| rung | mean | 95% CI | step | step 95% CI |",
                   "|---|---|---|---|---|"]
         for r in steps:
-            lines.append(f"| {r['rung']} | {r['mean']:.3f} | {_ci(r['low'], r['high'])} | "
+            lines.append(f"| {r['rung']} | {r['mean']:.3f} | {_range(r['low'], r['high'])} | "
                          f"{_fmt(r.get('step'))} | {_ci(r['step_low'], r['step_high']) if 'step' in r else ''} |")
         lines.append("")
     lines += ["## Health metrics per rung (means over seeds)", "",
@@ -111,8 +115,9 @@ def write_factorial(result: ExperimentResult, wall: float, out: Path, command: s
         lines += [f"## Response: {L.RESPONSES[metric].description}", "", "### Main effects", "",
                   "| technique | effect | 95% CI |", "|---|---|---|"]
         lines += [f"| {e.name} | {e.mean:+.3f} | {_ci(e.low, e.high)} |" for e in eff["main"]]
-        lines += ["", "### Two-way interactions", "", "| pair | interaction | 95% CI |", "|---|---|---|"]
-        lines += [f"| {e.name} | {e.mean:+.3f} | {_ci(e.low, e.high)} |{' **' if e.low > 0 or e.high < 0 else ''}"
+        lines += ["", "### Two-way interactions", "", "| pair | interaction | 95% CI | excludes 0 |",
+                  "|---|---|---|---|"]
+        lines += [f"| {e.name} | {e.mean:+.3f} | {_ci(e.low, e.high)} | {'yes' if e.low > 0 or e.high < 0 else ''} |"
                   for e in eff["interactions"]]
         lines += ["", "### Contribution by order of addition", "",
                   "Shapley value: the gain from adding a technique, averaged over all 120 orders; its range "

@@ -221,20 +221,22 @@ def composite_task() -> TokenTask:
     """All four mechanisms at once (for the Table-1 ladder and the factorial): 12 prompts
     in three difficulty tiers; on each, a common path that is right 40% of the time and a
     rare path (prior ~4%) that is right 90% of the time, plus a dead end; a third of the
-    prompts need long reasoning close to the ceiling, so sound responses get truncated."""
+    prompts need 7 work tokens (9-token answers) under a 16-token ceiling that a rambling
+    base model often hits, so sound responses get truncated. As in the paper's setup, the
+    soft ramp of the ladder (12..16) sits above the lengths the prompts need."""
     p, k = 12, 4
     quality = _t([0.4, 0.9, 0.0, 0.2]).repeat(p, 1)
     quality[:4] = _t([0.8, 0.95, 0.0, 0.5])  # easy tier
     quality[8:] = _t([0.1, 0.8, 0.0, 0.0])  # hard tier
     need = torch.zeros(p, k, dtype=torch.long)
-    need[::3, :] = 7  # a third of the prompts need long reasoning (ceiling 12)
+    need[::3, :] = 7  # a third of the prompts need long reasoning
     need[1::3, :] = 2
     prior = _t([1.0, -1.5, 0.5, 0.0]).repeat(p, 1)
     return TokenTask(
         name="composite",
         quality=quality,
         need_work=need,
-        max_len=12,
+        max_len=16,
         prior_path=prior,
         prior_stop=-1.5,
     )

@@ -1,0 +1,116 @@
+"""The toy gate: a full-scale run starts only after the toy checks passed for this exact
+commit and algorithm config.
+
+``dapo gate write --config FILE --toy-summary runs/toy/summary.json`` records, when every
+toy experiment's primary effect was reproduced and every control showed no effect,
+``runs/gate/<commit>.json`` with the commit, whether the tree was dirty, and the hash of the
+config's ``algo`` section. ``dapo gate check --config FILE`` exits 0 only if such a record
+matches the current commit (clean tree) and config; otherwise it says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GATE_DIR = Path("runs/gate")
+
+
+def algo_hash(cfg) -> str:
+    blob = json.dumps(cfg.algo.to_dict(), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def git_state(cwd: Path | None = None) -> tuple[str, bool]:
+    """(commit, dirty) of the working tree; ('unknown', True) outside git."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                                cwd=cwd).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                    text=True, check=True, cwd=cwd).stdout.strip())
+        return commit, dirty
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", True
+
+
+def toy_verdicts(summary: dict) -> tuple[bool, list[str]]:
+    """Did every primary reproduce and every control stay quiet?"""
+    problems = []
+    for name, exp in summary.get("experiments", {}).items():
+        for c in exp["contrasts"]:
+            if c["role"] == "primary" and c["verdict"] != "reproduced":
+                problems.append(f"{name}: primary '{c['name']}' {c['verdict']}")
+            if c["role"] == "control" and c["verdict"] != "no effect (as expected)":
+                problems.append(f"{name}: control '{c['name']}' {c['verdict']}")
+    if not summary.get("experiments"):
+        problems.append("the toy summary holds no experiments")
+    return not problems, problems
+
+
+def write(cfg, toy_summary: Path, gate_dir: Path = GATE_DIR) -> Path:
+    summary = json.loads(Path(toy_summary).read_text())
+    ok, problems = toy_verdicts(summary)
+    if not ok:
+        raise GateError("toy checks did not pass:\n  " + "\n  ".join(problems))
+    commit, dirty = git_state()
+    record = {"commit": commit, "dirty": dirty, "algo_hash": algo_hash(cfg), "written": time.time(),
+              "toy_summary": str(toy_summary),
+              "verdicts": {k: v["verdict"] for k, v in summary["experiments"].items()}}
+    gate_dir.mkdir(parents=True, exist_ok=True)
+    path = gate_dir / f"{commit}.json"
+    path.write_text(json.dumps(record, indent=2))
+    return path
+
+
+class GateError(RuntimeError):
+    pass
+
+
+def check(cfg, gate_dir: Path = GATE_DIR) -> dict:
+    """The matching gate record, or :class:`GateError` saying what is missing."""
+    commit, dirty = git_state()
+    if dirty:
+        raise GateError(f"the working tree has uncommitted changes: the gate is keyed by commit ({commit[:10]}); "
+                        "commit first, then run `nox -s toy`")
+    path = gate_dir / f"{commit}.json"
+    if not path.is_file():
+        have = sorted(p.stem[:10] for p in gate_dir.glob("*.json")) if gate_dir.is_dir() else []
+        raise GateError(f"no toy gate for commit {commit[:10]} (run `nox -s toy`); gates exist for: {have or 'none'}")
+    record = json.loads(path.read_text())
+    if record.get("dirty"):
+        raise GateError(f"{path}: the toy checks ran on a dirty tree; rerun `nox -s toy` on the clean commit")
+    if record["algo_hash"] != algo_hash(cfg):
+        raise GateError(f"{path}: the toy gate was written for another algo config "
+                        f"({record['algo_hash']} != {algo_hash(cfg)}); rerun `nox -s toy -- --config ...`")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="dapo gate", description="The toy gate in front of full-scale runs.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("write")
+    w.add_argument("--config", required=True)
+    w.add_argument("--toy-summary", type=Path, default=Path("runs/toy/summary.json"))
+    c = sub.add_parser("check")
+    c.add_argument("--config", required=True)
+    args = ap.parse_args(argv)
+    from dapo.config import ConfigError
+
+    from .config import load
+
+    try:
+        cfg = load(args.config)
+        if args.cmd == "write":
+            print(f"gate written: {write(cfg, args.toy_summary)}")
+        else:
+            rec = check(cfg)
+            print(f"gate ok: commit {rec['commit'][:10]}, algo {rec['algo_hash']}, toy verdicts {rec['verdicts']}")
+        return 0
+    except (GateError, ConfigError, FileNotFoundError) as err:
+        print(f"dapo gate {args.cmd}: {err}", file=sys.stderr)
+        return 1

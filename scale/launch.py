@@ -1,0 +1,108 @@
+"""``dapo launch``: the commands that start a multi-node run, with the environment it needs.
+
+Prints (or writes) an accelerate, torchrun or SLURM launch for ``dapo train`` over
+``--nodes`` x ``--gpus-per-node`` GPUs. Nothing here needs a GPU: tests check the
+generated commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+LAUNCH_DIR = Path(__file__).parent / "launch"
+
+ENV = {
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",  # fewer OOMs from fragmentation with vLLM colocated
+    "NCCL_DEBUG": "WARN",
+    "NCCL_TIMEOUT": "1800",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a dead rank ends the job instead of hanging it
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # vLLM in the trainer's process (colocated)
+    "OMP_NUM_THREADS": "8",
+}
+
+
+def train_args(config: str, overrides: list[str], require_gate: bool = True) -> list[str]:
+    args = ["-m", "dapo.cli", "train", "--config", config, "--resume", "auto"]
+    if require_gate:
+        args.append("--require-gate")
+    return args + list(overrides)
+
+
+def accelerate_command(config: str, nodes: int, gpus: int, rank: str, master: str, overrides: list[str],
+                       accelerate_config: Path = LAUNCH_DIR / "fsdp_multinode.yaml") -> list[str]:
+    return ["accelerate", "launch", "--config_file", str(accelerate_config), "--num_machines", str(nodes),
+            "--num_processes", str(nodes * gpus), "--machine_rank", rank, "--main_process_ip", master,
+            "--main_process_port", "29500", *train_args(config, overrides)]
+
+
+def torchrun_command(config: str, nodes: int, gpus: int, master: str, overrides: list[str]) -> list[str]:
+    return ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(gpus), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{master}:29500", "--rdzv-id", "dapo", *train_args(config, overrides)]
+
+
+def slurm_script(config: str, nodes: int, gpus: int, overrides: list[str], partition: str | None = None,
+                 hours: int = 72) -> str:
+    cmd = accelerate_command(config, nodes, gpus, "$SLURM_NODEID", "$MASTER_ADDR", overrides)
+    quoted = " ".join(a if a.startswith("$") else shlex.quote(a) for a in cmd)
+    lines = ["#!/bin/bash", "#SBATCH --job-name=dapo", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --gpus-per-node={gpus}", "#SBATCH --cpus-per-task=64", "#SBATCH --exclusive",
+             f"#SBATCH --time={hours}:00:00", "#SBATCH --output=dapo-%j.out"]
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    lines += ["set -euo pipefail",
+              "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in ENV.items()]
+    lines += ["# one launcher per node; accelerate starts the node's GPU processes",
+              f"srun --kill-on-bad-exit=1 bash -c '{quoted}'"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="dapo launch", description="Generate a multi-node launch for dapo train.")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--nodes", type=int, required=True)
+    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--scheduler", choices=["slurm", "torchrun", "accelerate"], default="slurm")
+    ap.add_argument("--master", default="$MASTER_ADDR")
+    ap.add_argument("--rank", default="$NODE_RANK", help="this node's rank (accelerate)")
+    ap.add_argument("--partition", default=None)
+    ap.add_argument("--out", type=Path, default=None, help="write the script here instead of printing it")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+    from dapo.config import ConfigError
+
+    from .config import load
+
+    try:
+        cfg = load(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"dapo launch: invalid config: {err}", file=sys.stderr)
+        return 2
+    world = args.nodes * args.gpus_per_node
+    for name, total in (("algo.train_groups", cfg.algo.train_groups), ("rollout.gen_groups", cfg.gen_groups)):
+        if total % world:
+            print(f"dapo launch: {name}={total} is not divisible by {world} GPUs", file=sys.stderr)
+            return 2
+    if world % cfg.rollout.tensor_parallel or args.gpus_per_node % cfg.rollout.tensor_parallel:
+        print(f"dapo launch: rollout.tensor_parallel={cfg.rollout.tensor_parallel} must divide the GPUs per node",
+              file=sys.stderr)
+        return 2
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in ENV.items())
+    if args.scheduler == "slurm":
+        text = slurm_script(args.config, args.nodes, args.gpus_per_node, args.overrides, args.partition)
+    elif args.scheduler == "torchrun":
+        text = env + " " + shlex.join(torchrun_command(args.config, args.nodes, args.gpus_per_node, args.master,
+                                                       args.overrides)) + "\n"
+    else:
+        text = env + " " + shlex.join(accelerate_command(args.config, args.nodes, args.gpus_per_node, args.rank,
+                                                         args.master, args.overrides)) + "\n"
+    if args.out:
+        args.out.write_text(text)
+        print(f"wrote {args.out}")
+    else:
+        print(text, end="")
+    return 0
