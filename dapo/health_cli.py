@@ -53,7 +53,8 @@ def _references(spec: str) -> dict[str, ReferenceCurve]:
 
 
 def format_findings(label: str, findings: list[Finding]) -> str:
-    lines = [f"== {label}: {worst(findings)}"]
+    unknown = sum(f.status == "unknown" for f in findings)
+    lines = [f"== {label}: {worst(findings)}" + (f" ({unknown} rule(s) without enough data)" if unknown else "")]
     for f in findings:
         since = f" since step {f.start_step:g}" if f.start_step is not None else ""
         lines.append(f"  {f.status:<8} {f.title}{since}")

@@ -54,7 +54,7 @@ def train_main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(cfg, resume=args.resume)
         trainer.train(args.steps)
-    except DataError as err:
+    except (DataError, FileExistsError) as err:
         print(f"dapo train: {err}", file=sys.stderr)
         return 2
     except EngineError as err:

@@ -64,7 +64,9 @@ class RolloutConfig:
     """Prompts per generation round (over-sampling for dynamic sampling); None: the
     algorithm's ``train_groups``."""
     temperature: float = 1.0
+    """Sampling temperature of training rollouts; must be 1.0 (see :meth:`RunConfig.validate`)."""
     top_p: float = 1.0
+    """Nucleus sampling of training rollouts; must be 1.0."""
     tensor_parallel: int = 1
     """vLLM tensor-parallel size (GPU only)."""
     gpu_memory_utilization: float = 0.5
@@ -159,8 +161,14 @@ class RunConfig:
             raise ConfigError("rollout.gen_groups", "must be >= 1")
         if not 0 < self.rollout.top_p <= 1 or not 0 < self.eval.top_p <= 1:
             raise ConfigError("rollout.top_p", "top_p must lie in (0, 1]")
-        if self.rollout.temperature <= 0 or self.eval.temperature <= 0:
-            raise ConfigError("rollout.temperature", "temperatures must be > 0")
+        if self.eval.temperature <= 0:
+            raise ConfigError("eval.temperature", "must be > 0")
+        if self.rollout.temperature != 1.0 or self.rollout.top_p != 1.0:
+            # the ratio of Eq. 8 needs the sampling distribution's log-probs; the engines report
+            # the raw (temperature 1, untruncated) distribution, as the paper trains
+            raise ConfigError("rollout.temperature", "training samples at temperature 1.0 and top_p 1.0 (the "
+                              "paper's setting); other values would make old_logp differ from the sampling "
+                              "policy (evaluation may use any: eval.temperature, eval.top_p)")
         if not 0 < self.rollout.gpu_memory_utilization <= 1:
             raise ConfigError("rollout.gpu_memory_utilization", "must lie in (0, 1]")
         if self.output.keep_checkpoints < 1:

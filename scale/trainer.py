@@ -145,6 +145,9 @@ class Trainer:
 
         if resume:
             self._resume(resume)
+        elif ckpt.latest(self.out) is not None or (self.out / "metrics.jsonl").is_file():
+            raise FileExistsError(f"{self.out} holds a previous run (checkpoints or metrics.jsonl); continue it "
+                                  "with --resume auto, or choose another output.dir")
         self.engine = self._make_engine()
         self._sync_engine()
         if self.acc.is_main_process:
@@ -301,7 +304,7 @@ class Trainer:
         m.update(run_update(self.acc, self.policy, self.optimizer, c.algo, batch, c.train.micro_batch_size,
                             self.pad_id))
         with warnings.catch_warnings():  # a step whose batch was empty took no optimizer step
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+            warnings.filterwarnings("ignore", message="Detected call of", category=UserWarning)
             self.scheduler.step()
         t2 = time.perf_counter()
         self._sync_engine()

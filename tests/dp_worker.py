@@ -58,6 +58,8 @@ def main() -> None:
     assert m["actor/optimizer_steps"] == 2, m
     if acc.is_main_process:
         torch.save({k: v.detach().clone() for k, v in acc.unwrap_model(policy).lm.state_dict().items()}, out)
+    acc.wait_for_everyone()
+    acc.end_training()
 
 
 if __name__ == "__main__":

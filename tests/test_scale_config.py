@@ -28,6 +28,7 @@ def test_presets_load_and_the_paper_setup_is_encoded():
         ("algo.eps_low=1.5", "algo.eps_low"),
         ("algo.eps_lo=0.1", "algo.eps_lo"),
         ("rollout.temprature=0.7", "rollout.temprature"),
+        ("rollout.temperature=0.7", "rollout.temperature"),
         ("rollout.engine=sglang", "rollout.engine"),
         ("train.lr=2", "train.lr"),
         ("train.micro_batch_size=0", "train.micro_batch_size"),

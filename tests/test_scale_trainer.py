@@ -177,6 +177,12 @@ def test_malformed_data_and_bad_config_refuse_to_start(tiny, tmp_path):
                  f"data.train={bad}"])
     assert r.returncode == 2 and f"{bad}:2: answer" in r.stderr
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "metrics.jsonl").write_text('{"step": 0}\n')
+    r = run_cli(["train", "--config", "tiny-cpu", *overrides(tiny, used, "rollout.engine=hf")])
+    assert r.returncode == 2 and "previous run" in r.stderr and "--resume auto" in r.stderr
+    assert (used / "metrics.jsonl").read_text() == '{"step": 0}\n'  # nothing lost
     r = run_cli(["train", "--config", "tiny-cpu", "algo.eps_high=-1"])
     assert r.returncode == 2 and "algo.eps_high" in r.stderr
     r = run_cli(["train", "--config", "qwen2.5-32b-dapo", "--validate-only", f"data.train={tiny['train']}",

@@ -208,6 +208,7 @@ def _rank_main(rank, world, port, agg, out_path):
     update(shard, pol, opt, cfg, dp=DataParallel(world, all_reduce), backward=backward)
     if rank == 0:
         torch.save(pol.logits.detach(), out_path)
+    dist.barrier()  # neither rank tears gloo down while the other still talks
     dist.destroy_process_group()
 
 
