@@ -20,15 +20,11 @@ def train_main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="start without a matching gate (recorded in the run)")
     args = p.parse_args(argv)
 
-    from dapo.config import ConfigError
-
-    from .config import load
+    from .config import load_for_cli
     from .data import DataError
 
-    try:
-        cfg = load(args.config, args.overrides)
-    except ConfigError as err:
-        print(f"dapo train: invalid config: {err}", file=sys.stderr)
+    cfg = load_for_cli("dapo train", args.config, args.overrides)
+    if cfg is None:
         return 2
     if args.validate_only:
         return _validate_data(cfg)

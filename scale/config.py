@@ -216,7 +216,7 @@ def from_dict(values: dict[str, Any], source: str = "config") -> RunConfig:
     try:
         algo = algo_from_dict(values["algo"] or {}, source=f"{source}: algo")
     except ConfigError as err:
-        raise ConfigError(f"algo.{err.field}", str(err).split(": ", 1)[-1]) from None
+        raise ConfigError(f"algo.{err.field}", err.message) from None
     sections = {name: _build(cls, values.get(name) or {}, name) for name, cls in _SECTIONS.items()
                 if name in values or name in ("model", "data")}
     cfg = RunConfig(algo=algo, **sections)
@@ -265,4 +265,15 @@ def load(name_or_path: str, overrides: list[str] | None = None) -> RunConfig:
     try:
         return from_dict(values, source=str(path))
     except ConfigError as err:
-        raise ConfigError(err.field, f"{path}: {str(err)}") from None
+        raise ConfigError(err.field, f"{err.message} (in {path})") from None
+
+
+def load_for_cli(prog: str, name_or_path: str, overrides: list[str] | None = None) -> RunConfig | None:
+    """:func:`load`, printing ``prog: invalid config: ...`` and returning None on a bad config."""
+    import sys
+
+    try:
+        return load(name_or_path, overrides)
+    except ConfigError as err:
+        print(f"{prog}: invalid config: {err}", file=sys.stderr)
+        return None

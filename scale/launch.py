@@ -73,14 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the script here instead of printing it")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
-    from dapo.config import ConfigError
+    from .config import load_for_cli
 
-    from .config import load
-
-    try:
-        cfg = load(args.config, args.overrides)
-    except ConfigError as err:
-        print(f"dapo launch: invalid config: {err}", file=sys.stderr)
+    cfg = load_for_cli("dapo launch", args.config, args.overrides)
+    if cfg is None:
         return 2
     world = args.nodes * args.gpus_per_node
     for name, total in (("algo.train_groups", cfg.algo.train_groups), ("rollout.gen_groups", cfg.gen_groups)):

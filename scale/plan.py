@@ -253,14 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("overrides", nargs="*", help="section.field=value")
     args = ap.parse_args(argv)
-    from dapo.config import ConfigError
+    from .config import load_for_cli
 
-    from .config import load
-
-    try:
-        cfg = load(args.config, args.overrides)
-    except ConfigError as err:
-        print(f"dapo plan: invalid config: {err}", file=sys.stderr)
+    cfg = load_for_cli("dapo plan", args.config, args.overrides)
+    if cfg is None:
         return 2
     if not 0 < args.acceptance <= 1:
         print("dapo plan: --acceptance must lie in (0, 1]", file=sys.stderr)
