@@ -9,16 +9,24 @@ import sys
 
 from . import __version__
 
-# name -> (one-line help, "module:function" taking argv and returning an exit code, extra)
-COMMANDS: dict[str, tuple[str, str, str | None]] = {
-    "version": ("print the version", "dapo.cli:_version", None),
-    "toy": ("toy regime: failure-mode experiments, ladder, factorial", "toybench.cli:main", "toy"),
-    "diagnose": ("diagnose a run's metrics against reference curves", "dapo.health_cli:main", None),
-    "train": ("full regime: DAPO training from a YAML config", "scale.cli:train_main", "scale"),
-    "eval": ("evaluate a model: avg@k, pass@k, cons@k", "scale.cli:eval_main", "scale"),
-    "plan": ("estimate memory and step time of a run on a cluster", "scale.plan:main", None),
-    "launch": ("generate a multi-node launch (slurm, torchrun, accelerate)", "scale.launch:main", None),
-    "gate": ("write or check the toy gate in front of full-scale runs", "scale.gate:main", None),
+# name -> (one-line help, "module:function" taking argv and returning an exit code)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "version": ("print the version", "dapo.cli:_version"),
+    "toy": ("toy regime: failure-mode experiments, ladder, factorial, health suite", "toybench.cli:main"),
+    "diagnose": ("diagnose a run's metrics against reference curves", "dapo.health_cli:main"),
+    "train": ("full regime: DAPO training from a YAML config", "scale.cli:train_main"),
+    "eval": ("evaluate a model: avg@k, pass@k, cons@k", "scale.cli:eval_main"),
+    "plan": ("estimate memory and step time of a run on a cluster", "scale.plan:main"),
+    "launch": ("generate a multi-node launch (slurm, torchrun, accelerate)", "scale.launch:main"),
+    "gate": ("write or check the toy gate in front of full-scale runs", "scale.gate:main"),
+}
+
+
+# optional dependency -> the extra that provides it
+OPTIONAL = {
+    "gymnasium": "toy", "scipy": "toy", "seaborn": "report", "matplotlib": "report", "pandas": "report",
+    "transformers": "scale", "accelerate": "scale", "datasets": "scale", "safetensors": "scale",
+    "tokenizers": "scale", "yaml": "scale", "tqdm": "scale", "vllm": "vllm",
 }
 
 
@@ -52,15 +60,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     ns = parser.parse_args(argv[:1])
-    _, target, extra = commands[ns.command]
+    _, target = commands[ns.command]
     module, func = target.split(":")
     try:
         fn = getattr(importlib.import_module(module), func)
-    except ImportError as err:
-        hint = f" Install it with: pip install 'dapo-repro[{extra}]'" if extra else ""
-        print(f"dapo {ns.command}: a dependency is missing ({err.name or err}).{hint}", file=sys.stderr)
+        return int(fn(argv[1:]) or 0)
+    except ModuleNotFoundError as err:
+        top = (err.name or "").split(".")[0]
+        if top not in OPTIONAL:
+            raise
+        print(f"dapo {ns.command}: needs {top}, which is not installed. Install it with: "
+              f"pip install 'dapo-repro[{OPTIONAL[top]}]'", file=sys.stderr)
         return 3
-    return int(fn(argv[1:]) or 0)
 
 
 if __name__ == "__main__":
