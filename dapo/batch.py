@@ -70,10 +70,6 @@ class RolloutBatch:
             raise BatchError("group_size", "this sub-batch has no group structure")
         return self.size // self.group_size
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.mask.sum())
-
     # -- structural operations -------------------------------------------------------
     def select(self, index: Tensor | Sequence[int], *, group_size: int | None = None) -> "RolloutBatch":
         """The responses at ``index`` (a sub-batch without group structure unless

@@ -26,7 +26,7 @@ from .advantages import group_advantages
 from .batch import RolloutBatch
 from .config import AlgoConfig
 from .loss import policy_loss, tis_weights, window_denominator
-from .metrics import mismatch_metrics
+from .metrics import mismatch_metrics, token_metrics
 
 
 @dataclass
@@ -183,7 +183,7 @@ def update(
 
     filtered = batch.truncated if cfg.overlong_filter else torch.zeros_like(batch.truncated)
     out.update(sums.finish())
-    out["actor/mean_prob"] = float(torch.exp(batch.old_logp.detach().to(torch.float64))[batch.mask].mean())
+    out.update(token_metrics(batch.old_logp, batch.mask))
     out["actor/loss_tokens"] = float(loss_mask.sum())
     out["actor/filtered_responses"] = float(filtered.sum())
     return out
@@ -208,7 +208,7 @@ class _Sums:
     def add_stats(self, stats: dict[str, Tensor]) -> None:
         n = float(stats["n_tokens"])
         self.tokens += n
-        for key in ("clipfrac_upper", "clipfrac_lower", "dual_clipfrac", "approx_kl", "ratio_mean"):
+        for key in ("clipfrac_upper", "clipfrac_lower", "dual_clipfrac", "approx_kl"):
             self.weighted[key] = self.weighted.get(key, 0.0) + float(stats[key]) * n
         k = float(stats["n_upclip"])
         if k:
@@ -224,7 +224,6 @@ class _Sums:
     def finish(self) -> dict[str, float]:
         nan = math.nan
         res = {f"actor/{k}": v / self.tokens if self.tokens else nan for k, v in self.weighted.items()}
-        res.pop("actor/ratio_mean", None)
         res["actor/upclip_old_prob"] = self.upclip_prob / self.n_upclip if self.n_upclip else nan
         res["actor/entropy"] = self.ent_sum / self.ent_tokens if self.ent_tokens else nan
         res["actor/loss"] = sum(self.losses) / len(self.losses) if self.losses else nan

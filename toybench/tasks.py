@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -71,11 +70,6 @@ class TokenTask:
     def vocab_size(self) -> int:
         return self.num_paths + 1
 
-    def best_accuracy(self) -> float:
-        """Accuracy of the best policy (best path, enough work, stop in time)."""
-        feasible = (self.need_work + 2 <= self.max_len).to(self.quality.dtype)
-        return float((self.quality * feasible).max(dim=1).values.mean())
-
 
 @dataclass
 class Outcome:
@@ -113,12 +107,6 @@ def verify(task: TokenTask, prompts: Tensor, tokens: Tensor, lengths: Tensor, tr
     sound = ~empty & (q > 0)
     correct = sound & ~truncated & (work >= need) & (u.to(q.dtype) < q)
     return Outcome(correct=correct, on_track=sound & truncated, path=path, work=work)
-
-
-def noise_for_seed(seed: int) -> float:
-    """The verification noise of the episode reset with ``seed`` (shared by the gymnasium
-    env and the batched path so that the two give the same episodes)."""
-    return float(np.random.default_rng(seed).random())
 
 
 # --------------------------------------------------------------------------------------
