@@ -4,9 +4,11 @@ given the groups in the order N ranks interleave them into windows, so both must
 the same weights. Usage: dp_worker.py MODEL_DIR OUT_FILE [ORDER]"""
 
 import sys
+from datetime import timedelta
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import InitProcessGroupKwargs
 from transformers import AutoModelForCausalLM
 
 from dapo import AlgoConfig, RolloutBatch
@@ -35,7 +37,8 @@ def batch(pad_id: int) -> RolloutBatch:
 
 def main() -> None:
     model_dir, out = sys.argv[1], sys.argv[2]
-    acc = Accelerator(cpu=True)
+    # a dead peer ends the run with an error within a minute instead of gloo's 30-minute wait
+    acc = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=60))])
     torch.manual_seed(0)
     lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     policy = Policy(lm, chunk=7)

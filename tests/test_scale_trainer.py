@@ -130,9 +130,8 @@ def test_two_gloo_processes_equal_one(tiny, tmp_path):
     r = subprocess.run([sys.executable, worker, str(tiny["model"]), str(one), "0,2,1,3"], capture_output=True,
                        text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                        "29533", worker, str(tiny["model"]), str(two)], capture_output=True, text=True, env=env,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        worker, str(tiny["model"]), str(two)], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     a = torch.load(one, weights_only=True)
     b = torch.load(two, weights_only=True)
