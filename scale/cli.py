@@ -45,8 +45,10 @@ def train_main(argv: list[str] | None = None) -> int:
     (Path(cfg.output.dir) / "gate.json").write_text(json.dumps(gate, indent=2, default=str))
     _ensure_tiny(cfg)
     from .engines import EngineError
+    from .topology import preload_collective_modules, shutdown
     from .trainer import Trainer
 
+    preload_collective_modules()  # before accelerate creates the process group
     try:
         trainer = Trainer(cfg, resume=args.resume)
         trainer.train(args.steps)
@@ -57,6 +59,11 @@ def train_main(argv: list[str] | None = None) -> int:
         print(f"dapo train: rollout engine failed: {err}\nResume with --resume auto from the last checkpoint "
               f"under {cfg.output.dir}/checkpoints.", file=sys.stderr)
         return 4
+    trainer.close()
+    del trainer
+    leaked = shutdown()
+    if leaked:  # such a process can end in a SIGABRT at interpreter exit (scale/topology.py)
+        print(f"dapo train: warning: gloo threads {leaked} outlived the process group", file=sys.stderr)
     return 0
 
 

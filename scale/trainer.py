@@ -406,6 +406,12 @@ class Trainer:
             self.acc.end_training()
         return history
 
+    def close(self) -> None:
+        """Drop the wrapped model, the optimizer and the engine, and accelerate's references to
+        them, so that the process group can really be freed (see :mod:`scale.topology`)."""
+        self.acc.free_memory()
+        self.policy = self.optimizer = self.scheduler = self.engine = None
+
     # ---- checkpoints ---------------------------------------------------------------------------
     def save(self) -> Path | None:
         from accelerate.utils import gather_object

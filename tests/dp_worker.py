@@ -4,7 +4,6 @@ given the groups in the order N ranks interleave them into windows, so both must
 the same weights. Usage: dp_worker.py MODEL_DIR OUT_FILE [ORDER]"""
 
 import sys
-from datetime import timedelta
 
 import torch
 from accelerate import Accelerator
@@ -12,7 +11,9 @@ from accelerate.utils import InitProcessGroupKwargs
 from transformers import AutoModelForCausalLM
 
 from dapo import AlgoConfig, RolloutBatch
+from multiproc import worker
 from scale.policy import Policy
+from scale.topology import dist_timeout
 from scale.trainer import run_update
 
 G, GROUPS, T, P = 2, 4, 5, 3
@@ -37,8 +38,8 @@ def batch(pad_id: int) -> RolloutBatch:
 
 def main() -> None:
     model_dir, out = sys.argv[1], sys.argv[2]
-    # a dead peer ends the run with an error within a minute instead of gloo's 30-minute wait
-    acc = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=60))])
+    # a dead peer ends the run with an error within seconds instead of gloo's 30-minute wait
+    acc = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=dist_timeout(60))])
     torch.manual_seed(0)
     lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     policy = Policy(lm, chunk=7)
@@ -61,9 +62,9 @@ def main() -> None:
     assert m["actor/optimizer_steps"] == 2, m
     if acc.is_main_process:
         torch.save({k: v.detach().clone() for k, v in acc.unwrap_model(policy).lm.state_dict().items()}, out)
-    acc.wait_for_everyone()
     acc.end_training()
+    acc.free_memory()  # accelerate's list of prepared models holds the DDP module, which holds the group
 
 
 if __name__ == "__main__":
-    main()
+    worker(main)

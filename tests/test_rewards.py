@@ -74,12 +74,15 @@ def test_bad_truth_raises():
     ["\\boxed{" * 100_000, "Answer:" * 100_000, "{" * 200_000 + "}" * 200_000, "1," * 200_000, "\\boxed" * 100_000],
 )
 def test_linear_time_on_adversarial_input(text):
-    t0 = time.perf_counter()
-    score_integer_answer(text, 1)
-    small = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    score_integer_answer(text * 4, 1)
-    big = time.perf_counter() - t0
+    def cost(t):  # CPU time of this process, best of 3: other processes' load does not count
+        runs = []
+        for _ in range(3):
+            t0 = time.process_time()
+            score_integer_answer(t, 1)
+            runs.append(time.process_time() - t0)
+        return min(runs)
+
+    small, big = cost(text), cost(text * 4)
     # quadratic would be ~16x; allow generous noise above linear (4x)
     assert big < 10 * small + 0.05
 

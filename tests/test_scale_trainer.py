@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from multiproc import run_script
 from scale_support import need
 
 need("transformers", "accelerate", "datasets", "safetensors", "yaml")
@@ -122,17 +123,13 @@ def test_vllm_engine_three_steps_weights_stay_in_sync_and_resume(tiny, tmp_path)
         assert_same(comparable(x), comparable(y), tol=1e-5)
 
 
+@pytest.mark.multiprocess
 def test_two_gloo_processes_equal_one(tiny, tmp_path):
     worker = str(Path(__file__).parent / "dp_worker.py")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
     # 2 ranks x 2 groups, windows of 2 groups = one group per rank: global windows {0,2}, {1,3}
-    r = subprocess.run([sys.executable, worker, str(tiny["model"]), str(one), "0,2,1,3"], capture_output=True,
-                       text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        worker, str(tiny["model"]), str(two)], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    run_script([worker, str(tiny["model"]), str(one), "0,2,1,3"], nproc=1)
+    run_script([worker, str(tiny["model"]), str(two)], nproc=2)
     a = torch.load(one, weights_only=True)
     b = torch.load(two, weights_only=True)
     from safetensors.torch import load_file

@@ -1,16 +1,14 @@
 import math
-import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dapo.batch import RolloutBatch
 from dapo.config import PRESETS, AlgoConfig
 from dapo.metrics import SCHEMA
 from dapo.update import DataParallel, LogProbs, update
+from multiproc import run_function
 
 V, T = 5, 6
 
@@ -177,15 +175,8 @@ def test_empty_or_missing_batch():
 
 # ---- data parallel: 2 gloo ranks == 1 process --------------------------------------
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(rank, world, port, agg, out_path):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def ranks_update(rank, world, agg, out):
+    """One rank of the 2-process run (started by multiproc.run_function in a gloo group)."""
     torch.manual_seed(0)
     pol = PositionPolicy()
     batch = make_batch(PositionPolicy(), n_groups=4)
@@ -207,11 +198,10 @@ def _rank_main(rank, world, port, agg, out_path):
     cfg = cfg_for(agg, mini_batch_groups=2)  # global window: 1 group from each rank
     update(shard, pol, opt, cfg, dp=DataParallel(world, all_reduce), backward=backward)
     if rank == 0:
-        torch.save(pol.logits.detach(), out_path)
-    dist.barrier()  # neither rank tears gloo down while the other still talks
-    dist.destroy_process_group()
+        torch.save(pol.logits.detach(), out)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_two_gloo_ranks_match_single_process(tmp_path, agg):
     # single process: windows of 2 groups over 4 groups
@@ -224,5 +214,5 @@ def test_two_gloo_ranks_match_single_process(tmp_path, agg):
     rows = (order.view(-1, 1) * 4 + torch.arange(4)).view(-1)
     update(batch.select(rows, group_size=4), pol, opt, cfg_for(agg, mini_batch_groups=2))
     out = tmp_path / "w.pt"
-    mp.spawn(_rank_main, args=(2, _free_port(), agg, str(out)), nprocs=2, join=True)
+    run_function("test_update:ranks_update", nproc=2, agg=agg, out=str(out))
     assert torch.allclose(torch.load(out, weights_only=True), pol.logits.detach(), atol=1e-10)

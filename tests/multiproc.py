@@ -1,0 +1,209 @@
+"""The one way a test starts several processes.
+
+    from multiproc import run_function, run_script
+
+    run_function("test_update:ranks_update", nproc=2, agg="token-mean", out=str(path))
+    run_script(["tests/dp_worker.py", str(model_dir), str(out)], nproc=2)
+
+Both launch ``torchrun --standalone``, whose agent binds its rendezvous store to a free
+port itself (no port is picked and released first, so two tests never race for one).
+Each rank gets a short process-group timeout (``$DAPO_DIST_TIMEOUT_S``, default 30 s), one
+OpenMP thread, and Python's faulthandler, so a fatal signal prints every thread's stack.
+The whole launch runs under a wall-clock limit; when it is exceeded the agent and every
+rank are killed, so a hung collective costs seconds, never CI's hour. When a rank
+fails, the error names its exit status (or signal) and quotes its stderr.
+
+A rank's teardown (:func:`worker`) frees the process group for good and fails with
+exit status 3 if any gloo thread survives it: see ``scale/topology.py`` for why a
+surviving thread means a SIGABRT at exit some of the time.
+
+Run as a script, this module is the rank entry point of :func:`run_function`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+LEAK_STATUS = 3
+"""Exit status of a rank whose process group survived teardown."""
+
+
+class MultiprocessError(AssertionError):
+    """A multi-process launch failed, hung past its limit, or leaked a process group."""
+
+
+@dataclass
+class RankOutput:
+    rank: int
+    stdout: str
+    stderr: str
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _rank_outputs(log_dir: Path) -> list[RankOutput]:
+    """Each local rank's stdout/stderr, as torchrun's ``--redirects 3`` wrote them
+    (``<log_dir>/<run_id>/attempt_0/<rank>/std{out,err}.log``)."""
+    found: dict[int, RankOutput] = {}
+    for err in sorted(log_dir.glob("*/attempt_*/*/stderr.log")):
+        rank = int(err.parent.name)
+        out = err.parent / "stdout.log"
+        found[rank] = RankOutput(rank, out.read_text(errors="replace") if out.exists() else "",
+                                 err.read_text(errors="replace"))
+    return [found[r] for r in sorted(found)]
+
+
+_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)[^\n]*?(\((SIG\w+)\))?\s*$",
+                      re.MULTILINE)
+
+
+def failed_ranks(agent_output: str) -> dict[int, str]:
+    """``{rank: "exit status 1" | "SIGABRT"}`` from torchrun's failure summary."""
+    return {int(m.group(1)): m.group(4) or f"exit status {m.group(2)}" for m in _FAILURE.finditer(agent_output)}
+
+
+def _describe(what: str, agent_output: str, ranks: list[RankOutput]) -> str:
+    failed = failed_ranks(agent_output)
+    if failed:
+        what += "; " + ", ".join(f"rank {r}: {how}" for r, how in sorted(failed.items()))
+    parts = [what]
+    for r in ranks:
+        parts.append(f"--- rank {r.rank} stderr (last lines) ---\n{_tail(r.stderr) or '(empty)'}")
+    parts.append(f"--- torchrun (last lines) ---\n{_tail(agent_output, 25)}")
+    return "\n".join(parts)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the torchrun agent and its ranks. The agent starts each rank in a session of
+    its own, so killing the agent's process group would leave the ranks running."""
+    for p in [pid, *_descendants(pid)]:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_script(argv: list[str], nproc: int, *, timeout_s: float = 240, dist_timeout_s: float = 30,
+               env: dict[str, str] | None = None) -> list[RankOutput]:
+    """Run ``argv`` (a script and its arguments, or ``-m module ...``) as ``nproc`` ranks
+    under ``torchrun --standalone`` from the repository root; return every rank's output.
+
+    Raises :class:`MultiprocessError` naming the failed rank, its exit status or signal
+    and its stderr, or after ``timeout_s`` seconds (every rank is killed first)."""
+    run_env = {**os.environ, **(env or {})}
+    run_env.update({
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS), run_env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        "DAPO_DIST_TIMEOUT_S": str(dist_timeout_s),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONFAULTHANDLER": "1",
+        "PYTHONUNBUFFERED": "1",
+    })
+    with tempfile.TemporaryDirectory(prefix="dapo-mp-") as tmp:
+        log_dir = Path(tmp)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "--max-restarts=0", "--redirects=3", f"--log-dir={log_dir}", *argv]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+        try:
+            agent_output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc.pid)  # the agent and every rank: nothing outlives the test
+            agent_output, _ = proc.communicate()
+            raise MultiprocessError(_describe(f"{argv} did not finish within {timeout_s:.0f} s; every rank was killed",
+                                              agent_output, _rank_outputs(log_dir))) from None
+        ranks = _rank_outputs(log_dir)
+        if proc.returncode != 0:
+            raise MultiprocessError(_describe(f"{argv} failed", agent_output, ranks))
+        return ranks
+
+
+def run_function(target: str, nproc: int, *, timeout_s: float = 240, dist_timeout_s: float = 30,
+                 **kwargs) -> list[RankOutput]:
+    """Run ``target`` (``"module:function"``, importable from ``tests/`` or the repository
+    root) on ``nproc`` ranks as ``function(rank, world, **kwargs)`` inside an initialised
+    gloo process group; ``kwargs`` must be JSON values. See :func:`run_script`."""
+    return run_script([str(Path(__file__)), target, json.dumps(kwargs)], nproc, timeout_s=timeout_s,
+                      dist_timeout_s=dist_timeout_s)
+
+
+def _exit_now(status: int) -> None:
+    """Leave without interpreter finalization: used on failure, where the process group may
+    still be alive and finalization could add a SIGABRT to the real error."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def worker(body: Callable[[], None]) -> None:
+    """A rank's whole life: run ``body`` (which may create the process group itself, e.g.
+    through accelerate), then free the process group for good. Exits 1 with the traceback
+    if ``body`` raises, and 3 if a gloo thread survives teardown (something still holds
+    the group). Returns normally only after a clean teardown."""
+    from scale.topology import preload_collective_modules, shutdown
+
+    preload_collective_modules()
+    try:
+        body()
+    except BaseException:
+        traceback.print_exc()
+        _exit_now(1)
+    # body's frame, and with it every wrapped module it held, is gone by now
+    leaked = shutdown()
+    if leaked:
+        print(f"multiproc: the process group outlived destroy_process_group(): gloo threads {leaked} are still "
+              "running, so something still holds the group (a DDP/FSDP module, an optimizer, accelerate's "
+              "prepared objects: call Accelerator.free_memory()). See scale/topology.py.", file=sys.stderr)
+        _exit_now(LEAK_STATUS)
+
+
+def _function_entry(target: str, kwargs_json: str) -> None:
+    import torch.distributed as dist
+
+    from scale.topology import dist_timeout
+
+    module, _, name = target.partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    kwargs = json.loads(kwargs_json)
+
+    def body() -> None:
+        dist.init_process_group("gloo", timeout=dist_timeout(30))
+        fn(dist.get_rank(), dist.get_world_size(), **kwargs)
+
+    worker(body)
+
+
+if __name__ == "__main__":
+    _function_entry(sys.argv[1], sys.argv[2])

@@ -1,0 +1,150 @@
+"""The multi-process test support: failures are reported with the rank's own stderr, a hung
+rank costs seconds, nothing outlives a test, and a process group that survives teardown
+(the cause of CI's SIGABRT at exit) is caught every time, not some of the time."""
+
+import os
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from multiproc import LEAK_STATUS, MultiprocessError, run_function
+from scale.topology import communication_threads, dist_timeout
+
+_KEEP = []  # a module global: what keeps a process group alive past destroy_process_group()
+
+
+# ---- rank functions (run in the ranks by run_function) -----------------------------
+
+def sum_ranks(rank, world, out):
+    x = torch.tensor([float(rank + 1)])
+    dist.all_reduce(x)
+    torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)  # imports torch._dynamo after init
+    with open(f"{out}.{rank}", "w") as f:
+        f.write(f"{x.item()} {world}")
+
+
+def fail_on_rank_1(rank, world):
+    if rank == 1:
+        raise ValueError("rank 1 fails on purpose")
+    dist.barrier()
+
+
+def abort_on_rank_1(rank, world):
+    if rank == 1:
+        os.abort()
+    dist.barrier()
+
+
+def hang_on_rank_1(rank, world, token):
+    if rank == 1:
+        time.sleep(3600)
+    dist.all_reduce(torch.zeros(1))
+
+
+def hang_everywhere(rank, world, token):
+    time.sleep(3600)
+
+
+def keep_the_group(rank, world):
+    _KEEP.append(dist.group.WORLD)
+
+
+# ---- tests --------------------------------------------------------------------------
+
+@pytest.mark.multiprocess
+def test_ranks_run_in_one_group_and_tear_down_cleanly(tmp_path):
+    out = tmp_path / "sum"
+    run_function("test_multiproc:sum_ranks", nproc=2, out=str(out))
+    assert [(tmp_path / f"sum.{r}").read_text() for r in range(2)] == ["3.0 2", "3.0 2"]
+
+
+@pytest.mark.multiprocess
+def test_a_failing_rank_is_named_with_its_traceback():
+    with pytest.raises(MultiprocessError) as err:
+        run_function("test_multiproc:fail_on_rank_1", nproc=2, dist_timeout_s=10)
+    msg = str(err.value)
+    assert "rank 1 stderr" in msg and "ValueError: rank 1 fails on purpose" in msg
+
+
+@pytest.mark.multiprocess
+def test_a_rank_killed_by_a_signal_is_reported_with_its_stack():
+    with pytest.raises(MultiprocessError) as err:
+        run_function("test_multiproc:abort_on_rank_1", nproc=2, dist_timeout_s=10)
+    msg = str(err.value)
+    assert "rank 1: SIGABRT" in msg and "rank 0: exit status 1" in msg  # from torchrun's summary
+    assert "Fatal Python error: Aborted" in msg and "abort_on_rank_1" in msg  # faulthandler, rank 1's stderr
+
+
+def _alive(token: str) -> list[int]:
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if token.encode() in f.read():
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.multiprocess
+def test_a_hung_peer_fails_within_the_process_group_timeout():
+    token = uuid.uuid4().hex
+    t0 = time.monotonic()
+    with pytest.raises(MultiprocessError) as err:
+        run_function("test_multiproc:hang_on_rank_1", nproc=2, dist_timeout_s=3, timeout_s=120, token=token)
+    assert time.monotonic() - t0 < 60  # 3 s timeout + start-up, far below the 120 s limit
+    assert "rank 0 stderr" in str(err.value)
+    assert not _alive(token)
+
+
+@pytest.mark.multiprocess
+def test_the_wall_clock_limit_kills_every_rank():
+    token = uuid.uuid4().hex
+    with pytest.raises(MultiprocessError, match="did not finish within 8 s; every rank was killed"):
+        run_function("test_multiproc:hang_everywhere", nproc=2, timeout_s=8, token=token)
+    assert not _alive(token)
+
+
+@pytest.mark.multiprocess
+def test_a_process_group_that_survives_teardown_fails_the_run():
+    with pytest.raises(MultiprocessError) as err:
+        run_function("test_multiproc:keep_the_group", nproc=2)
+    msg = str(err.value)
+    assert "outlived destroy_process_group()" in msg and "pt_gloo_runloop" in msg
+    assert f"rank 0: exit status {LEAK_STATUS}" in msg and f"rank 1: exit status {LEAK_STATUS}" in msg
+
+
+def test_no_communication_threads_in_a_single_process():
+    assert communication_threads() == []
+
+
+def test_dist_timeout_reads_the_environment(monkeypatch):
+    monkeypatch.delenv("DAPO_DIST_TIMEOUT_S", raising=False)
+    assert dist_timeout(60) == timedelta(seconds=60)
+    monkeypatch.setenv("DAPO_DIST_TIMEOUT_S", "2.5")
+    assert dist_timeout(60) == timedelta(seconds=2.5)
+    for bad in ("abc", "0", "-1"):
+        monkeypatch.setenv("DAPO_DIST_TIMEOUT_S", bad)
+        with pytest.raises(ValueError, match="DAPO_DIST_TIMEOUT_S"):
+            dist_timeout(60)
+
+
+def test_every_multiprocess_test_goes_through_the_helper():
+    """A test that starts ranks by itself (mp.spawn, its own torchrun, its own process group)
+    would miss the free port, the timeouts and the teardown check."""
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    banned = ("mp.spawn", "torch.multiprocessing", "torch.distributed.run", "init_process_group(", "MASTER_PORT")
+    offenders = []
+    for path in sorted(here.glob("*.py")):
+        if path.name in ("multiproc.py", Path(__file__).name):
+            continue
+        text = path.read_text()
+        offenders += [f"{path.name}: {b}" for b in banned if b in text]
+    assert not offenders, offenders
