@@ -19,15 +19,16 @@ routinely outlive the call:
   creating the first optimizer imports it (through ``torch._dynamo``). If that happens
   after ``init_process_group``, the default pins the group for the life of the process.
 
-Either way the gloo threads are still alive when the interpreter finalizes. A gloo thread
-that then needs the GIL (to release the last reference to a tensor that has a Python
-object) is ended by CPython with ``pthread_exit``; the forced unwind through a
-``noexcept`` C++ frame calls ``std::terminate``: "terminate called without an active
-exception", SIGABRT. Whether a thread is caught in that window depends on scheduling, so
-it fails rarely and more often under load. ``barrier()`` before ``destroy_process_group()``
-does not help: the group is not freed either way. The fix is to free it:
-:func:`preload_collective_modules` before the group exists, drop the wrapped modules, then
-:func:`shutdown`, which reports any thread that survives instead of leaving it to chance.
+Either way the gloo threads are still running when the interpreter finalizes, and what
+they touch then is no longer alive: a thread that needs the GIL during finalization is ended
+by CPython (``pthread_exit``), and a forced unwind through a ``noexcept`` C++ frame calls
+``std::terminate``, which prints "terminate called without an active exception" and raises
+SIGABRT (PyTorch describes the same crash for gloo work held at exit in pytorch#179291).
+Whether a thread is caught in that window depends on scheduling, so the test died rarely,
+more often under load, and ``barrier()`` before ``destroy_process_group()`` did not help: the
+group was never freed. The fix frees it: :func:`preload_collective_modules` before the group
+exists, drop the wrapped modules, then :func:`shutdown`, which returns any gloo thread that
+survives so that callers can fail loudly instead of leaving it to chance.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,14 +107,27 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # dead, not yet reaped
+    except (OSError, IndexError):
+        return True
+
+
 def _kill_tree(pid: int) -> None:
-    """SIGKILL the torchrun agent and its ranks. The agent starts each rank in a session of
-    its own, so killing the agent's process group would leave the ranks running."""
-    for p in [pid, *_descendants(pid)]:
+    """SIGKILL the torchrun agent and its ranks, and wait until they are dead. The agent
+    starts each rank in a session of its own, so killing the agent's process group would
+    leave the ranks running."""
+    pids = [pid, *_descendants(pid)]
+    for p in pids:
         try:
             os.kill(p, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    deadline = time.monotonic() + 30
+    while not all(map(_gone, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def run_script(argv: list[str], nproc: int, *, timeout_s: float = 240, dist_timeout_s: float = 30,

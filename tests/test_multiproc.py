@@ -75,7 +75,7 @@ def test_a_rank_killed_by_a_signal_is_reported_with_its_stack():
     with pytest.raises(MultiprocessError) as err:
         run_function("test_multiproc:abort_on_rank_1", nproc=2, dist_timeout_s=10)
     msg = str(err.value)
-    assert "rank 1: SIGABRT" in msg and "rank 0: exit status 1" in msg  # from torchrun's summary
+    assert "rank 1: SIGABRT" in msg  # from torchrun's summary (rank 0 may end either way)
     assert "Fatal Python error: Aborted" in msg and "abort_on_rank_1" in msg  # faulthandler, rank 1's stderr
 
 
@@ -98,7 +98,7 @@ def test_a_hung_peer_fails_within_the_process_group_timeout():
     with pytest.raises(MultiprocessError) as err:
         run_function("test_multiproc:hang_on_rank_1", nproc=2, dist_timeout_s=3, timeout_s=120, token=token)
     assert time.monotonic() - t0 < 60  # 3 s timeout + start-up, far below the 120 s limit
-    assert "rank 0 stderr" in str(err.value)
+    assert "Timed out waiting 3000ms" in str(err.value)  # rank 0's collective gave up after 3 s
     assert not _alive(token)
 
 
@@ -116,7 +116,8 @@ def test_a_process_group_that_survives_teardown_fails_the_run():
         run_function("test_multiproc:keep_the_group", nproc=2)
     msg = str(err.value)
     assert "outlived destroy_process_group()" in msg and "pt_gloo_runloop" in msg
-    assert f"rank 0: exit status {LEAK_STATUS}" in msg and f"rank 1: exit status {LEAK_STATUS}" in msg
+    # the first rank to find the leak exits 3; torchrun may then stop the other with SIGTERM
+    assert f": exit status {LEAK_STATUS}" in msg
 
 
 def test_no_communication_threads_in_a_single_process():
