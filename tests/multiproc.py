@@ -89,16 +89,23 @@ def _describe(what: str, agent_output: str, ranks: list[RankOutput]) -> str:
     return "\n".join(parts)
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...), or None
+    when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def _descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid`` (from ``/proc``)."""
     children: dict[int, list[int]] = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
+        fields = _stat(entry)
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(entry))
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -108,11 +115,8 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # dead, not yet reaped
-    except (OSError, IndexError):
-        return True
+    fields = _stat(pid)
+    return fields is None or fields[0] in ("Z", "X")  # reaped, or dead and not yet reaped
 
 
 def _kill_tree(pid: int) -> None:
@@ -130,14 +134,13 @@ def _kill_tree(pid: int) -> None:
         time.sleep(0.05)
 
 
-def run_script(argv: list[str], nproc: int, *, timeout_s: float = 240, dist_timeout_s: float = 30,
-               env: dict[str, str] | None = None) -> list[RankOutput]:
+def run_script(argv: list[str], nproc: int, *, timeout_s: float = 240, dist_timeout_s: float = 30) -> list[RankOutput]:
     """Run ``argv`` (a script and its arguments, or ``-m module ...``) as ``nproc`` ranks
     under ``torchrun --standalone`` from the repository root; return every rank's output.
 
     Raises :class:`MultiprocessError` naming the failed rank, its exit status or signal
     and its stderr, or after ``timeout_s`` seconds (every rank is killed first)."""
-    run_env = {**os.environ, **(env or {})}
+    run_env = dict(os.environ)
     run_env.update({
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS), run_env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         "DAPO_DIST_TIMEOUT_S": str(dist_timeout_s),
