@@ -6,6 +6,7 @@
     nox -s scale_smoke  a tiny random Qwen2 through accelerate + vLLM on CPU: train, eval
     nox -s scale        the full run from a config (GPUs); refuses without the toy gate
     nox -s bench_toy    the toy speed benchmark -> benchmarks/results/toy_speed.json
+    nox -s mutation     on demand, not in CI: seeded bugs + mutmut -> reports/mutation/
 
 The progression: ``nox -s tests toy report scale_smoke`` on any machine, then ``nox -s scale
 -- --config qwen2.5-32b-dapo`` on the cluster (``-- --force`` overrides the gate, loudly).
@@ -121,3 +122,22 @@ def bench_toy(session: nox.Session) -> None:
     """Wall time of the toy suite against a serial baseline (committed as JSON)."""
     _install(session, "toy")
     session.run("python", "benchmarks/toy_speed.py")
+
+
+@nox.session
+def mutation(session: nox.Session) -> None:
+    """On demand, not in CI (about an hour on 2 cores): do the tests notice when the code
+    stops being exact? 1. the seeded realistic bugs (``tests/mutation/seeded_bugs.py``);
+    2. mutmut over the objective's modules and the toy verdict path (``[tool.mutmut]`` in
+    pyproject.toml); 3. the report, which fails under 90% killed or on an unexplained
+    survivor (``tests/mutation/explained.toml``). ``-- --skip-seeded`` skips step 1; other
+    arguments go to ``mutmut run`` (e.g. a mutant-name glob to re-check a few)."""
+    _install(session, "dev,mutation")
+    args = list(session.posargs)
+    env = {"OMP_NUM_THREADS": "1", "HYPOTHESIS_PROFILE": "ci"}
+    if "--skip-seeded" in args:
+        args.remove("--skip-seeded")
+    else:
+        session.run("python", "tests/mutation/seeded_bugs.py", "--out", "reports/mutation/seeded.json", env=env)
+    session.run("mutmut", "run", "--max-children", str(os.cpu_count() or 1), *args, env=env)
+    session.run("python", "tests/mutation/report.py", "--out", "reports/mutation", env=env)

@@ -134,10 +134,11 @@ def policy_loss(
         )
     mask = mask.bool()
     adv = advantages.to(logp.dtype)
-    if adv.dim() == 1:
+    if adv.dim() == 1 and adv.shape[0] == logp.shape[0]:
         adv = adv.unsqueeze(-1).expand_as(logp)
     if adv.shape != logp.shape:
-        raise ValueError(f"advantages shape {tuple(advantages.shape)} fits neither [B] nor [B, T]")
+        raise ValueError(f"advantages shape {tuple(advantages.shape)} fits neither [B] nor [B, T] = "
+                         f"{tuple(logp.shape)}")
     old_logp = old_logp.detach()
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)

@@ -10,7 +10,8 @@ For each epoch and each optimizer-step window of ``cfg.mini_batch_groups`` group
    back out), backward. The summed micro-batch gradients equal the full-window gradient;
 4. global grad-norm clip, optimizer step, unless the loss or the gradient is non-finite:
    then the gradients are dropped, the step is skipped and counted, and weights stay as
-   they were.
+   they were. The token statistics (clip fractions, KL, entropy) describe the steps taken:
+   a skipped window's micro-batches are left out of them.
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ def update(
                 sums.empty_windows += 1
                 continue
             optimizer.zero_grad(set_to_none=True)
+            window = _Sums()  # merged into ``sums`` only if the step is taken
             finite = True
             loss_total = 0.0
             mbs = micro_batch_size or len(rows)
@@ -164,9 +166,9 @@ def update(
                     break
                 backward(loss * dp.world_size)
                 loss_total += float(loss.detach())
-                sums.add_stats(stats)
+                window.add_stats(stats)
                 if epoch == 0:
-                    sums.add_tokens(mb, entropy)
+                    window.add_tokens(mb, entropy)
             if finite:
                 norm = clip_grad_norm(cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf)
                 norm = float(norm)
@@ -176,6 +178,7 @@ def update(
                 sums.skipped += 1
                 continue
             optimizer.step()
+            sums.merge(window)
             sums.steps += 1
             sums.losses.append(loss_total)
             sums.norms.append(norm)
@@ -189,8 +192,13 @@ def update(
     return out
 
 
+_TOKEN_STATS = ("clipfrac_upper", "clipfrac_lower", "dual_clipfrac", "approx_kl")
+
+
 class _Sums:
-    """Token-weighted accumulation of loss statistics across micro-batches."""
+    """Token-weighted accumulation of loss statistics across micro-batches. Every metric is
+    reported on every call (NaN when no step was taken), so the schema does not depend on
+    whether a step succeeded."""
 
     def __init__(self) -> None:
         self.steps = 0
@@ -199,7 +207,7 @@ class _Sums:
         self.losses: list[float] = []
         self.norms: list[float] = []
         self.tokens = 0.0
-        self.weighted: dict[str, float] = {}
+        self.weighted = dict.fromkeys(_TOKEN_STATS, 0.0)
         self.n_upclip = 0.0
         self.upclip_prob = 0.0
         self.ent_tokens = 0.0
@@ -208,12 +216,22 @@ class _Sums:
     def add_stats(self, stats: dict[str, Tensor]) -> None:
         n = float(stats["n_tokens"])
         self.tokens += n
-        for key in ("clipfrac_upper", "clipfrac_lower", "dual_clipfrac", "approx_kl"):
-            self.weighted[key] = self.weighted.get(key, 0.0) + float(stats[key]) * n
+        for key in _TOKEN_STATS:
+            self.weighted[key] += float(stats[key]) * n
         k = float(stats["n_upclip"])
         if k:
             self.n_upclip += k
             self.upclip_prob += float(stats["upclip_old_prob"]) * k
+
+    def merge(self, other: "_Sums") -> None:
+        """Add a window's token statistics (a skipped window's are dropped, not merged)."""
+        self.tokens += other.tokens
+        for key in _TOKEN_STATS:
+            self.weighted[key] += other.weighted[key]
+        self.n_upclip += other.n_upclip
+        self.upclip_prob += other.upclip_prob
+        self.ent_tokens += other.ent_tokens
+        self.ent_sum += other.ent_sum
 
     def add_tokens(self, mb: RolloutBatch, entropy: Tensor | None) -> None:
         m = mb.mask

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 from hypothesis import given, strategies as st
@@ -52,11 +54,34 @@ def test_uniform_group_exact_zero_despite_rounding():
     assert torch.equal(group_advantages(r, 3), torch.zeros(3))
 
 
+@given(st.floats(-1e6, 1e6, allow_nan=False), st.integers(2, 9), st.booleans())
+def test_float64_uniform_groups_are_exactly_zero(value, g, std_norm):
+    # float64 keeps the mean's rounding residue (mean of three 0.1s is 0.1 + 1.4e-17)
+    r = torch.full((3 * g,), value, dtype=torch.float64)
+    r[g:2 * g] = 0.1
+    r[2 * g:] = 2.0 ** torch.arange(g, dtype=torch.float64)  # an informative group beside them (no A = 0)
+    adv = group_advantages(r, g, std_norm=std_norm)
+    assert torch.equal(adv[:2 * g], torch.zeros(2 * g, dtype=torch.float64))
+    assert torch.all(adv[2 * g:] != 0)
+
+
+def test_eps_is_added_to_the_std_not_under_the_root():
+    r = torch.tensor([1.0, -1.0, -1.0, -1.0], dtype=torch.float64)  # mean -0.5, sample std 1
+    a = group_advantages(r, 4, eps=0.5)
+    assert torch.allclose(a, torch.tensor([1.5, -0.5, -0.5, -0.5], dtype=torch.float64) / 1.5, atol=1e-15)
+    r = torch.tensor([3.0, 1.0], dtype=torch.float64)  # sample std sqrt(2)
+    assert torch.allclose(group_advantages(r, 2, eps=0.1), torch.tensor([1.0, -1.0], dtype=torch.float64)
+                          / (math.sqrt(2) + 0.1), atol=1e-15)
+
+
 def test_known_values_and_errors():
     a = group_advantages(torch.tensor([1.0, -1.0, -1.0, -1.0]), 4, eps=0.0)
     # mean -0.5, sample std 1.0
     assert torch.allclose(a, torch.tensor([1.5, -0.5, -0.5, -0.5]))
-    with pytest.raises(ValueError):
+    assert torch.equal(group_advantages(torch.tensor([3.0, -1.0]), 1), torch.zeros(2))  # G = 1: no contrast
+    with pytest.raises(ValueError, match="^B = 5 is not a multiple of group_size = 4$"):
         group_advantages(torch.zeros(5), 4)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="group_size = 0"):
+        group_advantages(torch.zeros(4), 0)
+    with pytest.raises(ValueError, match=r"^rewards must be 1-D \[B\], got shape \(2, 2\)$"):
         group_advantages(torch.zeros(2, 2), 2)

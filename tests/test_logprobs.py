@@ -1,3 +1,4 @@
+import pytest
 import torch
 from hypothesis import given, strategies as st
 
@@ -32,3 +33,44 @@ def test_leading_shape_and_only_logp_gradient():
     assert h.grad.shape == h.shape and w.grad.shape == w.shape
     ref = naive_logprobs(h.detach(), w.detach(), y)[0]
     assert torch.allclose(lp.detach(), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("frozen", ["weight", "hidden"])
+@pytest.mark.parametrize("which", ["logp", "entropy"])
+def test_gradient_of_one_input_when_the_other_is_frozen(frozen, which):
+    # a frozen output layer (LoRA, a frozen head) must still pass gradients to the hidden states
+    g = torch.Generator().manual_seed(7)
+    h = torch.randn(9, 5, generator=g, dtype=torch.float64, requires_grad=frozen != "hidden")
+    w = torch.randn(13, 5, generator=g, dtype=torch.float64, requires_grad=frozen != "weight")
+    y = torch.randint(0, 13, (9,), generator=g)
+    live = h if frozen == "weight" else w
+    out = chunked_logprobs(h, w, y, chunk=4, temperature=0.8)[which == "entropy"]
+    (out * torch.arange(9)).sum().backward()
+    got = live.grad.clone()
+    live.grad = None
+    ref = naive_logprobs(h, w, y, temperature=0.8)[which == "entropy"]
+    (ref * torch.arange(9)).sum().backward()
+    assert torch.allclose(got, live.grad, atol=1e-4)
+    assert got.dtype == live.dtype and got.abs().sum() > 0
+
+
+def test_bf16_inputs_get_bf16_gradients_and_fp32_values():
+    h = torch.randn(6, 4, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(7, 4, dtype=torch.bfloat16, requires_grad=True)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the outputs are fp32 whatever the default
+    try:
+        lp, ent = chunked_logprobs(h, w, torch.randint(0, 7, (6,)), chunk=4)
+    finally:
+        torch.set_default_dtype(previous)
+    assert lp.dtype == ent.dtype == torch.float32
+    (lp.sum() + ent.sum()).backward()
+    assert h.grad.dtype == w.grad.dtype == torch.bfloat16
+
+
+def test_bad_arguments_name_themselves():
+    h, w, y = torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match="^chunk must be >= 1$"):
+        chunked_logprobs(h, w, y, chunk=0)
+    with pytest.raises(ValueError, match="^temperature must be > 0$"):
+        chunked_logprobs(h, w, y, temperature=0.0)

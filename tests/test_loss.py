@@ -132,6 +132,60 @@ def test_upclip_old_prob_and_padding_with_nan():
     assert float(st_["approx_kl"]) > 0
 
 
+def test_clip_fractions_ignore_padding():
+    # padded positions hold finite values that *would* be clipped: they must not count
+    old = torch.zeros(2, 4, dtype=torch.float64)
+    new = torch.tensor([[0.0, 1.0, 5.0, 5.0], [-1.0, 0.0, -5.0, -5.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, False, False], [True, True, False, False]])
+    _, up = policy_loss(new, old, torch.tensor([1.0, 1.0], dtype=torch.float64), mask, clip_ratio_c=3.0, **KW)
+    assert float(up["clipfrac_upper"]) == 0.25 and float(up["n_tokens"]) == 4
+    assert float(up["n_upclip"]) == 1
+    _, low = policy_loss(new, old, torch.tensor([-1.0, -1.0], dtype=torch.float64), mask, clip_ratio_c=1.5,
+                         **KW)
+    assert float(low["clipfrac_lower"]) == 0.25  # only [1, 0]: ratio e^-1 < 0.8
+    assert float(low["dual_clipfrac"]) == 0.25  # only [0, 1]: ratio e > 1.5
+    assert float(low["ratio_mean"]) == pytest.approx((1 + math.e + math.exp(-1) + 1) / 4)
+    assert float(low["approx_kl"]) == pytest.approx((math.e - 2 + math.exp(-1)) / 4)
+    # zero advantages (a uniform group) are never clipped on either side
+    _, zero = policy_loss(new, old, torch.tensor([0.0, 0.0], dtype=torch.float64), mask, clip_ratio_c=1.5, **KW)
+    assert float(zero["clipfrac_upper"]) == float(zero["clipfrac_lower"]) == float(zero["dual_clipfrac"]) == 0.0
+
+
+def test_log_ratio_is_clamped_before_exp():
+    # |log r| = 100 overflows exp() in float32; the clamp at 20 keeps the loss finite
+    old = torch.zeros(1, 2, dtype=torch.float32)
+    new = torch.tensor([[100.0, -100.0]], dtype=torch.float32, requires_grad=True)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    loss, st_ = policy_loss(new, old, torch.tensor([-1.0], dtype=torch.float64), mask, **KW)
+    # token 0: max(e^20, 1.28) = e^20; token 1: max(e^-20, 0.8) = 0.8; token mean
+    assert float(loss.detach()) == pytest.approx((math.exp(20) + 0.8) / 2, rel=1e-6)
+    assert loss.dtype == torch.float32  # the log-probs' dtype, whatever the advantages' dtype
+    k3 = (math.exp(20) - 1 - 20) + (math.exp(-20) - 1 + 20)  # both sides clamped at |log r| = 20
+    assert float(st_["approx_kl"]) == pytest.approx(k3 / 2, rel=1e-5)
+    assert float(st_["ratio_mean"]) == pytest.approx((math.exp(20) + math.exp(-20)) / 2, rel=1e-5)
+    _, low = policy_loss(new[:, 1:].detach(), old[:, 1:], torch.tensor([-1.0]), mask[:, 1:], **KW)
+    assert float(low["approx_kl"]) == pytest.approx(math.exp(-20) - 1 + 20)  # the lower side is clamped too
+    loss.backward()
+    assert torch.equal(new.grad, torch.zeros_like(new))  # beyond the clamp: no gradient
+
+
+@given(st.lists(st.lists(st.booleans(), min_size=4, max_size=4), min_size=1, max_size=6))
+def test_seq_denominators_count_responses_with_a_loss_token(rows):
+    mask = torch.tensor(rows)
+    n_live = sum(any(r) for r in rows)
+    assert float(window_denominator(mask, "token-mean")) == sum(map(sum, rows))
+    assert float(window_denominator(mask, "seq-mean-token-mean")) == n_live
+    assert float(window_denominator(mask, "seq-mean-token-sum-norm", norm_const=7)) == 7 * n_live
+
+
+def test_seq_mean_with_an_empty_row_known_value():
+    per_tok = torch.tensor([[2.0, 4.0, 0.0], [9.0, 9.0, 9.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, False], [False, False, False], [True, False, False]])
+    assert float(aggregate(per_tok, mask, "seq-mean-token-mean")) == pytest.approx((3.0 + 1.0) / 2)
+    assert float(aggregate(per_tok, mask, "seq-mean-token-sum-norm", norm_const=3)) == pytest.approx(7.0 / 6)
+    assert float(aggregate(per_tok, mask, "token-mean")) == pytest.approx(7.0 / 3)
+
+
 @given(st.integers(0, 1000), st.floats(1.0, 5.0))
 def test_tis_weights_capped_and_detached(seed, cap):
     g = torch.Generator().manual_seed(seed)
@@ -151,6 +205,45 @@ def test_empty_mask_gives_zero_connected_loss():
     assert float(loss.detach()) == 0.0
     loss.backward()
     assert torch.all(x.grad == 0)
+
+
+def test_is_weights_multiply_each_token_loss():
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    new = torch.tensor([[0.1, -0.1, 0.0], [0.05, 0.0, 0.2]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    w = torch.tensor([[2.0, 0.5, 7.0], [1.0, 1.5, 0.25]], dtype=torch.float64)
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    plain, _ = policy_loss(new, old, adv, mask, agg="seq-mean-token-mean", **KW)
+    weighted, _ = policy_loss(new, old, adv, mask, agg="seq-mean-token-mean", is_weights=w, **KW)
+    r = new.exp()
+    per_tok = torch.maximum(-adv[:, None] * r, -adv[:, None] * r.clamp(0.8, 1.28))
+    want = ((per_tok[0, :2] * w[0, :2]).mean() + (per_tok[1] * w[1]).mean()) / 2
+    assert float(weighted) == pytest.approx(float(want), rel=1e-12)
+    assert float(plain) != pytest.approx(float(weighted))
+    mixed, _ = policy_loss(new.float(), old.float(), adv, mask, is_weights=w, **KW)  # fp64 weights, fp32 log-probs
+    assert mixed.dtype == torch.float32
+
+
+def test_zero_window_denominator_gives_a_zero_loss():
+    # a window whose responses were all filtered (on every rank) contributes nothing
+    per_tok = torch.ones(2, 3, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    loss = aggregate(per_tok, mask, "token-mean", denominator=0.0)
+    assert float(loss.detach()) == 0.0
+    loss.backward()
+    assert torch.all(per_tok.grad == 0)
+
+
+def test_argument_errors_name_the_argument():
+    with pytest.raises(ValueError, match="^tis cap must be >= 1, got 0.5$"):
+        tis_weights(torch.zeros(1, 1), torch.zeros(1, 1), 0.5)
+    assert torch.equal(tis_weights(torch.zeros(1, 1), torch.zeros(1, 1), 1.0), torch.ones(1, 1))
+    assert float(window_denominator(torch.ones(1, 2, dtype=torch.bool), "seq-mean-token-sum-norm", 0.5)) == 0.5
+    for bad in (None, 0.0, -2.0):
+        with pytest.raises(ValueError, match="^seq-mean-token-sum-norm needs norm_const > 0$"):
+            window_denominator(torch.ones(1, 2, dtype=torch.bool), "seq-mean-token-sum-norm", bad)
+    with pytest.raises(ValueError, match=r"^advantages shape \(3,\) fits neither \[B\] nor \[B, T\] = \(2, 3\)$"):
+        policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3, dtype=torch.bool), **KW)
 
 
 def test_shape_errors():

@@ -1,3 +1,4 @@
+import math
 import warnings
 
 import pytest
@@ -41,6 +42,21 @@ def test_never_accepts_uniform_and_never_raises(g, rounds, target, max_rounds):
     assert m["sampling/generated_groups"] == sum(len(p) for p in rounds[:fed])
 
 
+def test_informative_is_judged_on_correctness_not_on_the_reward():
+    # a correct but overlong answer can score <= 0 (Eq. 13): its group is still all-correct
+    b = _groups([4, 0, 2], 4)
+    rewards = b.rewards.clone()
+    rewards[:2] = torch.tensor([0.0, -0.5], dtype=rewards.dtype)
+    b = RolloutBatch(**{**b.__dict__, "rewards": rewards})
+    s = DynamicSampler(target_groups=3, group_size=4, max_rounds=1)
+    s.add(b)
+    with pytest.warns(SamplingWarning, match="1/3 informative groups"):
+        out = s.take()
+    assert out.num_groups == 1 and out.correct.tolist() == [True, True, False, False]
+    m = s.metrics()
+    assert m["sampling/rejected_all_correct"] == 1 and m["sampling/rejected_all_wrong"] == 1
+
+
 def test_reject_reasons_costs_and_surplus():
     s = DynamicSampler(target_groups=2, group_size=4, max_rounds=5)
     s.add(_groups([0, 4, 2], 4))
@@ -58,6 +74,8 @@ def test_reject_reasons_costs_and_surplus():
     # rollout metrics cover everything generated, before filtering
     assert m["rollout/groups_all_correct"] == pytest.approx(2 / 7)
     assert m["rollout/accuracy"] == pytest.approx((0 + 4 + 2 + 4 + 1 + 3 + 0) / 28)
+    rewards = torch.cat([_groups([0, 4, 2], 4).rewards, _groups([4, 1, 3, 0], 4).rewards])
+    assert m["rollout/reward_mean"] == pytest.approx(float(rewards.mean()))
 
 
 def test_round_limit_warns_and_hands_back():
@@ -80,3 +98,36 @@ def test_disabled_accepts_everything_in_one_round():
     assert s.done
     assert s.take().num_groups == 3
     assert s.metrics()["sampling/rejected_all_wrong"] == 0
+
+
+def test_exactly_full_is_not_underfilled_and_token_costs_add_up():
+    s = DynamicSampler(target_groups=2, group_size=4, max_rounds=5)
+    first, second = _groups([0, 1], 4), _groups([3, 4], 4)
+    s.add(first)
+    s.add(second)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a full batch must not warn
+        out = s.take()
+    assert out.num_groups == 2
+    m = s.metrics()
+    assert m["sampling/underfilled"] == 0.0 and m["sampling/surplus_groups"] == 0.0
+    assert m["sampling/generated_tokens"] == int(first.lengths.sum()) + int(second.lengths.sum())
+
+
+def test_metrics_before_any_round():
+    m = DynamicSampler(target_groups=2, group_size=4, max_rounds=5).metrics()
+    assert m["sampling/rounds"] == 0 and m["sampling/generated_tokens"] == 0
+    assert m["sampling/underfilled"] == 1.0
+    for key in ("rollout/accuracy", "rollout/length_mean", "rollout/reward_mean", "rollout/truncation_rate",
+                "sampling/tokens_per_accepted_group"):
+        assert math.isnan(m[key]), key
+
+
+def test_errors_name_the_argument():
+    s = DynamicSampler(target_groups=2, group_size=2, max_rounds=1)
+    assert DynamicSampler(target_groups=1, group_size=1, max_rounds=1).group_size == 1  # legal, if useless
+    for kw in ({"target_groups": 0}, {"group_size": 0}, {"max_rounds": 0}):
+        with pytest.raises(ValueError, match="^target_groups, group_size and max_rounds must be >= 1$"):
+            DynamicSampler(**{"target_groups": 2, "group_size": 2, "max_rounds": 1, **kw})
+    with pytest.raises(ValueError, match="^batch group_size 4 != sampler's 2$"):
+        s.add(_groups([1], 4))

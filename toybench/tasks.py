@@ -121,7 +121,7 @@ def _t(x, dtype=torch.float64) -> Tensor:
 
 def entropy_task() -> TokenTask:
     """Failure mode 1 (entropy collapse). 8 prompts, 6 paths. Five common paths succeed
-    half the time (reward noise); one *rare* path (prior probability ~3%) succeeds 90% of
+    half the time (reward noise); one *rare* path (prior probability ~1%) succeeds 90% of
     the time. No length constraints. Work tokens are free text whose entropy the noise
     erodes."""
     p, k = 8, 6
