@@ -131,7 +131,8 @@ def mutation(session: nox.Session) -> None:
     2. mutmut over the objective's modules and the toy verdict path (``[tool.mutmut]`` in
     pyproject.toml); 3. the report, which fails under 90% killed or on an unexplained
     survivor (``tests/mutation/explained.toml``). ``-- --skip-seeded`` skips step 1; other
-    arguments go to ``mutmut run`` (e.g. a mutant-name glob to re-check a few)."""
+    arguments go to ``mutmut run`` (e.g. a mutant-name glob to re-check survivors after a
+    full run; the report refuses to score a run where some mutants were never checked)."""
     _install(session, "dev,mutation")
     args = list(session.posargs)
     env = {"OMP_NUM_THREADS": "1", "HYPOTHESIS_PROFILE": "ci"}

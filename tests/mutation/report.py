@@ -97,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     if not mutants:
         print("mutation report: no mutmut results here; run `mutmut run` first", file=sys.stderr)
         return 2
+    unchecked = [m for m in mutants if m.status == "not checked"]
+    if unchecked:  # a partial run (e.g. `mutmut run "dapo.loss*"`): no score to report
+        print(f"mutation report: {len(unchecked)} of {len(mutants)} mutants not checked; run `mutmut run` "
+              "over all of them first", file=sys.stderr)
+        return 2
     alive = [m for m in mutants if m.status not in DETECTED]
     timeouts = [m for m in mutants if m.status == "timeout"]
     for m in alive:
