@@ -126,7 +126,7 @@ def bench_toy(session: nox.Session) -> None:
 
 @nox.session
 def mutation(session: nox.Session) -> None:
-    """On demand, not in CI (about an hour on 2 cores): do the tests notice when the code
+    """On demand, not in CI (about 50 minutes on 2 cores): do the tests notice when the code
     stops being exact? 1. the seeded realistic bugs (``tests/mutation/seeded_bugs.py``);
     2. mutmut over the objective's modules and the toy verdict path (``[tool.mutmut]`` in
     pyproject.toml); 3. the report, which fails under 90% killed or on an unexplained
