@@ -5,13 +5,13 @@ benchmarks (``toybench``) and the accelerate + vLLM trainer (``scale``), call th
 functions.
 """
 
-from .advantages import group_advantages
+from .advantages import config_advantages, group_advantages
 from .batch import BatchError, RolloutBatch
 from .config import GRPO, LADDER, PRESETS, SWITCHES, AlgoConfig, ConfigError, with_switches
 from .loss import aggregate, policy_loss, tis_weights, window_denominator
-from .metrics import SCHEMA, rollout_metrics, token_metrics
+from .metrics import SCHEMA, masked_mean, rollout_metrics, rollout_stats, token_metrics
 from .rewards import config_reward, outcome_reward, score_integer_answer, soft_overlong_penalty
-from .sampling import DynamicSampler, SamplingWarning
+from .sampling import DynamicSampler, SamplingWarning, uniform_groups
 from .update import DataParallel, LogProbs, update
 
 __version__ = "0.1.0"
@@ -19,7 +19,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AlgoConfig", "BatchError", "ConfigError", "DataParallel", "DynamicSampler", "GRPO",
     "LADDER", "LogProbs", "PRESETS", "RolloutBatch", "SCHEMA", "SWITCHES", "SamplingWarning",
-    "aggregate", "config_reward", "group_advantages", "outcome_reward", "policy_loss",
-    "rollout_metrics", "score_integer_answer", "soft_overlong_penalty", "tis_weights",
-    "token_metrics", "update", "window_denominator", "with_switches", "__version__",
+    "aggregate", "config_advantages", "config_reward", "group_advantages", "masked_mean",
+    "outcome_reward", "policy_loss", "rollout_metrics", "rollout_stats", "score_integer_answer",
+    "soft_overlong_penalty", "tis_weights", "token_metrics", "uniform_groups", "update",
+    "window_denominator", "with_switches", "__version__",
 ]

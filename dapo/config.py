@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+FILTERED_GROUP_STATS = ("shaped", "unpenalized", "excluded")
 
 
 class ConfigError(ValueError):
@@ -77,6 +78,24 @@ class AlgoConfig:
     ceiling is ``max_len = expected_len + cache_len`` (20,480 in the paper)."""
     overlong_penalty_factor: float = 1.0
     """Scale of the soft penalty; 1.0 gives the paper's ramp to -1. Must be >= 0."""
+    filtered_group_stats: str = "shaped"
+    """How responses that overlong filtering removes from the loss (the truncated ones)
+    enter their group's reward mean and std (Eq. 9) and dynamic sampling's correctness
+    count (Eq. 11). Only acts when ``overlong_filter`` is on.
+
+    * ``shaped`` (default): with their shaped reward, -1 plus the full Eq. 13 penalty
+      (-2 with ``soft_overlong``). A literal reading of the paper, and what the peers do:
+      verl 0.9.1 (``compute_grpo_outcome_advantage``; no loss mask for truncated responses
+      at all), TRL 1.16 (``mask_truncated_completions`` zeroes only the loss mask; the
+      group mean and std use every completion) and OpenRLHF all put truncated responses,
+      penalty included, into the group statistics and the zero-std / correctness filter.
+    * ``unpenalized``: with the Eq. 7 reward alone (-1), sparing them the length penalty.
+    * ``excluded``: left out of the group mean, std and correctness count; a group is
+      informative when its *terminated* responses are neither all right nor all wrong.
+
+    With ``shaped`` and ``soft_overlong`` a truncated response, which carries no loss,
+    pulls its group's mean down and so raises the advantage of every terminated response
+    in the group, short wrong answers included (see the truncation experiment)."""
 
     # --- Dynamic sampling (Section 3.2, the constraint of Eq. 11) -------------------------
     dynamic_sampling: bool = True
@@ -149,6 +168,8 @@ class AlgoConfig:
         need(integer("expected_len") > 0, "expected_len", "must be > 0")
         need(integer("cache_len") > 0, "cache_len", "must be > 0")
         need(real("overlong_penalty_factor") >= 0.0, "overlong_penalty_factor", "must be >= 0")
+        need(self.filtered_group_stats in FILTERED_GROUP_STATS, "filtered_group_stats",
+             f"must be one of {FILTERED_GROUP_STATS}")
         flag("dynamic_sampling")
         need(integer("max_gen_rounds") >= 1, "max_gen_rounds", "must be >= 1")
         need(integer("train_groups") >= 1, "train_groups", "must be >= 1")
@@ -223,4 +244,4 @@ clip_higher (38), soft_overlong (41), token_level (42), dapo (50).
 ``PRESETS["dapo"] == AlgoConfig()``."""
 
 
-__all__ = ["AGG_MODES", "AlgoConfig", "ConfigError", "GRPO", "LADDER", "PRESETS", "SWITCHES", "from_dict", "with_switches"]
+__all__ = ["AGG_MODES", "FILTERED_GROUP_STATS", "AlgoConfig", "ConfigError", "GRPO", "LADDER", "PRESETS", "SWITCHES", "from_dict", "with_switches"]

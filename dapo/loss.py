@@ -31,6 +31,7 @@ def window_denominator(mask: Tensor, agg: str, norm_const: float | None = None) 
     * ``seq-mean-token-sum-norm``: that response count times ``norm_const``.
 
     Responses with no loss token (e.g. removed by overlong filtering) are not counted.
+    ``mask`` is [B, T], or [..., B, T] for independent runs (one normaliser each).
     Pass the value to :func:`policy_loss` as ``agg_denominator`` for every micro-batch of
     the window (summed over ranks under data parallelism) and the summed micro-batch
     losses equal the full-window loss exactly.
@@ -38,8 +39,8 @@ def window_denominator(mask: Tensor, agg: str, norm_const: float | None = None) 
     _check_agg(agg)
     mask = mask.bool()
     if agg == "token-mean":
-        return mask.sum().to(torch.float64)
-    n_seq = mask.any(dim=-1).sum().to(torch.float64)
+        return mask.sum((-2, -1)).to(torch.float64)
+    n_seq = mask.any(dim=-1).sum(-1).to(torch.float64)
     if agg == "seq-mean-token-mean":
         return n_seq
     if norm_const is None or not norm_const > 0:
@@ -55,7 +56,8 @@ def aggregate(
     denominator: Tensor | float | None = None,
     norm_const: float | None = None,
 ) -> Tensor:
-    """Reduce per-token losses [B, T] to a scalar.
+    """Reduce per-token losses [B, T] to a scalar ([..., B, T] to one value per run, with
+    ``denominator`` a scalar or [...]).
 
     The numerator is the sum of per-token losses (``token-mean`` and
     ``seq-mean-token-sum-norm``) or the sum of per-response token means
@@ -69,15 +71,21 @@ def aggregate(
     masked = torch.where(mask, loss_mat, torch.zeros_like(loss_mat))
     if agg == "seq-mean-token-mean":
         per_seq = masked.sum(-1) / mask.sum(-1).clamp(min=1).to(loss_mat.dtype)
-        numerator = per_seq.sum()
+        numerator = per_seq.sum(-1)
     else:
-        numerator = masked.sum()
+        numerator = masked.sum((-2, -1))
     if denominator is None:
         denominator = window_denominator(mask, agg, norm_const)
-    denominator = torch.as_tensor(denominator, dtype=torch.float64)
-    if float(denominator) <= 0:
-        return numerator * 0.0
-    return numerator / denominator.to(loss_mat.dtype)
+    denominator = torch.as_tensor(denominator, dtype=torch.float64, device=loss_mat.device)
+    if denominator.dim() == 0:
+        if float(denominator) <= 0:
+            return numerator * 0.0
+        return numerator / denominator.to(loss_mat.dtype)
+    # one normaliser per run; a run whose window has no loss token gets a zero loss (a
+    # safe divisor keeps 0/0 out of the backward pass)
+    positive = denominator > 0
+    safe = torch.where(positive, denominator, torch.ones_like(denominator)).to(loss_mat.dtype)
+    return torch.where(positive, numerator / safe, numerator * 0.0)
 
 
 def tis_weights(old_logp: Tensor, rollout_logp: Tensor, cap: float) -> Tensor:
@@ -118,7 +126,10 @@ def policy_loss(
     of its advantage gets exactly zero gradient; inside the region the gradient is the
     unclipped one.
 
-    ``advantages`` is [B] (broadcast over tokens) or [B, T]. ``mask`` is the *loss* mask
+    ``advantages`` is [B] (broadcast over tokens) or [B, T]. Leading dimensions
+    ([..., B, T], advantages [..., B]) index independent runs: the loss and every statistic
+    are then one value per run, each run with its own normaliser (``agg_denominator``
+    [...]); the gradient of their sum is each run's own gradient. ``mask`` is the *loss* mask
     (response tokens, minus filtered responses). Returns the scalar loss and detached
     statistics over the masked tokens: ``clipfrac_upper`` (A > 0, r > 1 + eps_high),
     ``clipfrac_lower`` (A < 0, r < 1 - eps_low), ``dual_clipfrac``, ``upclip_old_prob``
@@ -134,7 +145,7 @@ def policy_loss(
         )
     mask = mask.bool()
     adv = advantages.to(logp.dtype)
-    if adv.dim() == 1 and adv.shape[0] == logp.shape[0]:
+    if adv.shape == logp.shape[:-1]:
         adv = adv.unsqueeze(-1).expand_as(logp)
     if adv.shape != logp.shape:
         raise ValueError(f"advantages shape {tuple(advantages.shape)} fits neither [B] nor [B, T] = "
@@ -167,14 +178,14 @@ def policy_loss(
             torch.where(up, old_logp, torch.full_like(old_logp, -math.inf)).exp().to(torch.float64),
             torch.where(mask, ratio - 1.0 - log_ratio, torch.zeros_like(ratio)).to(torch.float64),
             torch.where(mask, ratio, torch.zeros_like(ratio)).to(torch.float64),
-        ]).flatten(1).sum(1)
+        ]).flatten(-2).sum(-1)
         n, n_up = rows[0], rows[1]
         nf = n.clamp(min=1)
         stats = {
             "clipfrac_upper": n_up / nf,
             "clipfrac_lower": rows[2] / nf,
             "dual_clipfrac": rows[3] / nf,
-            "upclip_old_prob": rows[4] / n_up if float(n_up) else torch.tensor(math.nan, dtype=torch.float64),
+            "upclip_old_prob": torch.where(n_up > 0, rows[4] / n_up.clamp(min=1), torch.full_like(n_up, math.nan)),
             "approx_kl": rows[5] / nf,
             "ratio_mean": rows[6] / nf,
             "n_tokens": n,

@@ -68,25 +68,51 @@ def _mean(x: Tensor) -> float:
     return float(x.to(torch.float64).mean()) if x.numel() else math.nan
 
 
+def masked_mean(x: Tensor, mask: Tensor, dims: int = 1) -> Tensor:
+    """Mean of ``x`` over its last ``dims`` dimensions where ``mask``, in float64; NaN
+    where the mask is empty. Leading dimensions index independent runs."""
+    mask = mask.bool().expand_as(x)
+    red = tuple(range(-dims, 0))
+    total = torch.where(mask, x.to(torch.float64), torch.zeros((), dtype=torch.float64)).sum(red)
+    count = mask.sum(red).to(torch.float64)
+    return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, math.nan))
+
+
+def rollout_stats(*, correct: Tensor, lengths: Tensor, truncated: Tensor, rewards: Tensor, group_size: int,
+                  valid: Tensor | None = None) -> dict[str, Tensor]:
+    """The ``rollout/*`` metrics as tensors over leading run dimensions: inputs are
+    [..., N] per-response tensors, group-major; ``valid`` ([..., N] bool, whole groups)
+    marks the rows that were generated when runs generated different amounts."""
+    correct = correct.bool()
+    lengths = lengths.to(torch.float64)
+    valid = torch.ones_like(correct) if valid is None else valid.bool()
+    n = correct.shape[-1]
+    n_groups = n // group_size if group_size else 0
+    lead = correct.shape[:-1]
+    per_group = correct[..., : n_groups * group_size].reshape(*lead, n_groups, group_size).sum(-1)
+    group_valid = valid[..., : n_groups * group_size].reshape(*lead, n_groups, group_size).all(-1)
+    nan = torch.full(lead, math.nan, dtype=torch.float64)
+    longest = torch.where(valid, lengths, torch.full_like(lengths, -math.inf)).amax(-1) if n else nan
+    return {
+        "rollout/accuracy": masked_mean(correct.double(), valid),
+        "rollout/reward_mean": masked_mean(rewards, valid),
+        "rollout/groups_all_correct": masked_mean((per_group == group_size).double(), group_valid),
+        "rollout/groups_all_wrong": masked_mean((per_group == 0).double(), group_valid),
+        "rollout/length_mean": masked_mean(lengths, valid),
+        "rollout/length_max": torch.where(valid.any(-1), longest, nan) if n else nan,
+        "rollout/length_correct_mean": masked_mean(lengths, valid & correct),
+        "rollout/length_wrong_mean": masked_mean(lengths, valid & ~correct),
+        "rollout/truncation_rate": masked_mean(truncated.double(), valid),
+    }
+
+
 def rollout_metrics(
     *, correct: Tensor, lengths: Tensor, truncated: Tensor, rewards: Tensor, group_size: int
 ) -> dict[str, float]:
-    """The ``rollout/*`` metrics from per-response tensors (group-major)."""
-    correct = correct.bool().view(-1)
-    lengths = lengths.to(torch.float64).view(-1)
-    n_groups = correct.numel() // group_size if group_size else 0
-    per_group = correct[: n_groups * group_size].view(n_groups, group_size).sum(1)
-    return {
-        "rollout/accuracy": _mean(correct.float()),
-        "rollout/reward_mean": _mean(rewards.view(-1)),
-        "rollout/groups_all_correct": _mean((per_group == group_size).float()),
-        "rollout/groups_all_wrong": _mean((per_group == 0).float()),
-        "rollout/length_mean": _mean(lengths),
-        "rollout/length_max": float(lengths.max()) if lengths.numel() else math.nan,
-        "rollout/length_correct_mean": _mean(lengths[correct]),
-        "rollout/length_wrong_mean": _mean(lengths[~correct]),
-        "rollout/truncation_rate": _mean(truncated.view(-1).float()),
-    }
+    """The ``rollout/*`` metrics from per-response tensors (group-major) of one run."""
+    stats = rollout_stats(correct=correct.view(-1), lengths=lengths.view(-1), truncated=truncated.view(-1),
+                          rewards=rewards.view(-1), group_size=group_size)
+    return {k: float(v) for k, v in stats.items()}
 
 
 def token_metrics(old_logp: Tensor, mask: Tensor, entropy: Tensor | None = None) -> dict[str, float]:

@@ -3,8 +3,7 @@ of Eq. 11) as an accumulating buffer with cost accounting.
 
 Usage, per training step::
 
-    sampler = DynamicSampler(target_groups=cfg.train_groups, group_size=cfg.group_size,
-                             max_rounds=cfg.max_gen_rounds, enabled=cfg.dynamic_sampling)
+    sampler = DynamicSampler.for_config(cfg)
     while not sampler.done:
         sampler.add(generate_one_round())       # whole groups, group-major
     batch = sampler.take()                      # <= target_groups informative groups
@@ -36,6 +35,23 @@ class _Seen:
     rewards: list[Tensor]
 
 
+def uniform_groups(correct: Tensor, group_size: int, truncated: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(all_correct, all_wrong) per group for [..., N] group-major responses.
+
+    With ``truncated`` given, truncated responses are left out of the count (a group is
+    then judged on its terminated responses; one with none left is all-wrong). This is
+    ``AlgoConfig.filtered_group_stats == "excluded"``."""
+    lead = correct.shape[:-1]
+    c = correct.bool().reshape(*lead, -1, group_size)
+    if truncated is None:
+        n_correct = c.sum(-1)
+        return n_correct == group_size, n_correct == 0
+    counted = ~truncated.bool().reshape(*lead, -1, group_size)
+    n_counted = counted.sum(-1)
+    n_correct = (c & counted).sum(-1)
+    return (n_counted > 0) & (n_correct == n_counted), n_correct == 0
+
+
 class DynamicSampler:
     """Collects finished groups until ``target_groups`` informative ones are held.
 
@@ -45,17 +61,27 @@ class DynamicSampler:
     accepted and one round fills the batch, so both arms report the same accounting.
     After ``max_rounds`` rounds :meth:`take` hands back what it holds with a
     :class:`SamplingWarning` instead of raising; the surplus beyond ``target_groups`` is
-    dropped (and counted).
+    dropped (and counted). ``exclude_truncated`` judges groups on their terminated
+    responses only (see :func:`uniform_groups`).
     """
 
-    def __init__(self, target_groups: int, group_size: int, max_rounds: int, enabled: bool = True):
+    def __init__(self, target_groups: int, group_size: int, max_rounds: int, enabled: bool = True,
+                 exclude_truncated: bool = False):
         if target_groups < 1 or group_size < 1 or max_rounds < 1:
             raise ValueError("target_groups, group_size and max_rounds must be >= 1")
         self.target_groups = target_groups
         self.group_size = group_size
         self.max_rounds = max_rounds
         self.enabled = enabled
+        self.exclude_truncated = exclude_truncated
         self.reset()
+
+    @classmethod
+    def for_config(cls, cfg, target_groups: int | None = None) -> "DynamicSampler":
+        """The sampler an ``AlgoConfig`` asks for (``target_groups`` defaults to
+        ``cfg.train_groups``; pass a rank's share under data parallelism)."""
+        return cls(cfg.train_groups if target_groups is None else target_groups, cfg.group_size, cfg.max_gen_rounds, cfg.dynamic_sampling,
+                   exclude_truncated=cfg.overlong_filter and cfg.filtered_group_stats == "excluded")
 
     def reset(self) -> None:
         self.rounds = 0
@@ -89,9 +115,8 @@ class DynamicSampler:
         self.generated_tokens += int(batch.lengths.sum())
         for name in ("correct", "lengths", "truncated", "rewards"):
             getattr(self._seen, name).append(getattr(batch, name).detach().cpu())
-        n_correct = batch.correct.view(n_groups, self.group_size).sum(1)
-        all_correct = n_correct == self.group_size
-        all_wrong = n_correct == 0
+        all_correct, all_wrong = uniform_groups(batch.correct, self.group_size,
+                                                batch.truncated if self.exclude_truncated else None)
         if self.enabled:
             self.rejected_all_correct += int(all_correct.sum())
             self.rejected_all_wrong += int(all_wrong.sum())

@@ -2,7 +2,8 @@
 
 For each epoch and each optimizer-step window of ``cfg.mini_batch_groups`` groups:
 
-1. advantages (Eq. 9) for the whole batch, loss mask minus truncated responses when
+1. advantages (Eq. 9) for the whole batch (filtered responses enter the group statistics
+   as ``cfg.filtered_group_stats`` says), loss mask minus truncated responses when
    ``overlong_filter``, TIS weights against the engine when ``tis_cap``;
 2. the window's normaliser (:func:`dapo.loss.window_denominator`, summed over ranks);
 3. per micro-batch: new log-probs from ``logp_fn``, :func:`dapo.loss.policy_loss` with
@@ -23,7 +24,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from .advantages import group_advantages
+from .advantages import config_advantages
 from .batch import RolloutBatch
 from .config import AlgoConfig
 from .loss import policy_loss, tis_weights, window_denominator
@@ -103,7 +104,7 @@ def update(
         def clip_grad_norm(max_norm: float) -> Tensor:
             return torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
 
-    advantages = group_advantages(batch.rewards, g, eps=cfg.adv_eps, std_norm=cfg.adv_std_norm)
+    advantages = config_advantages(batch.rewards, batch.correct, batch.lengths, batch.truncated, g, cfg)
     loss_mask = batch.mask
     if cfg.overlong_filter:
         loss_mask = loss_mask & ~batch.truncated.unsqueeze(-1)

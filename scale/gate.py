@@ -39,12 +39,15 @@ def git_state(cwd: Path | None = None) -> tuple[str, bool]:
 
 
 def toy_verdicts(summary: dict) -> tuple[bool, list[str]]:
-    """Did every primary reproduce and every control stay quiet?"""
+    """Did every primary reproduce on both seed blocks and every control stay quiet?"""
     problems = []
     for name, exp in summary.get("experiments", {}).items():
         for c in exp["contrasts"]:
             if c["role"] == "primary" and c["verdict"] != "reproduced":
                 problems.append(f"{name}: primary '{c['name']}' {c['verdict']}")
+            if c["role"] == "primary" and len(c.get("blocks", {})) < 2:
+                problems.append(f"{name}: primary '{c['name']}' has no confirmation block "
+                                "(run dapo toy run without --no-confirm)")
             if c["role"] == "control" and c["verdict"] != "no effect (as expected)":
                 problems.append(f"{name}: control '{c['name']}' {c['verdict']}")
     if not summary.get("experiments"):

@@ -260,7 +260,7 @@ class Trainer:
         """Generation rounds until this rank's share of the batch is full."""
         c, algo = self.cfg, self.cfg.algo
         per_rank = algo.train_groups // self.world
-        sampler = DynamicSampler(per_rank, algo.group_size, algo.max_gen_rounds, algo.dynamic_sampling)
+        sampler = DynamicSampler.for_config(algo, per_rank)
         t0 = time.perf_counter()
         while not sampler.done:
             problems = self.stream.take(c.gen_groups // self.world)

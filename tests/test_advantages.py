@@ -83,5 +83,65 @@ def test_known_values_and_errors():
         group_advantages(torch.zeros(5), 4)
     with pytest.raises(ValueError, match="group_size = 0"):
         group_advantages(torch.zeros(4), 0)
-    with pytest.raises(ValueError, match=r"^rewards must be 1-D \[B\], got shape \(2, 2\)$"):
-        group_advantages(torch.zeros(2, 2), 2)
+    with pytest.raises(ValueError, match=r"^rewards must be 1-D \[B\] \(or \[\.\.\., B\]\), got shape \(\)$"):
+        group_advantages(torch.tensor(1.0), 1)
+
+
+# ---- leading run dimensions and which responses enter the group statistics --------------
+
+from dapo import AlgoConfig  # noqa: E402
+from dapo.advantages import config_advantages  # noqa: E402
+
+
+@given(rewards_st, st.booleans(), st.integers(1, 3))
+def test_leading_run_dimensions_are_independent_rows(data, std_norm, runs):
+    g, rows = data
+    r = torch.tensor(rows, dtype=torch.float64).view(-1)
+    stacked = torch.stack([r * (i + 1) for i in range(runs)])
+    adv = group_advantages(stacked, g, std_norm=std_norm)
+    for i in range(runs):  # equal up to rounding: a reduction kernel may order a batch of rows differently
+        assert torch.allclose(adv[i], group_advantages(r * (i + 1), g, std_norm=std_norm), rtol=1e-12, atol=1e-12)
+
+
+@given(rewards_st, st.booleans(), st.data())
+def test_included_responses_alone_make_the_group_statistics(data, std_norm, draw):
+    g, rows = data
+    r = torch.tensor(rows, dtype=torch.float64).view(-1)
+    include = torch.tensor(draw.draw(st.lists(st.booleans(), min_size=len(r), max_size=len(r))))
+    adv = group_advantages(r, g, std_norm=std_norm, include=include).view(-1, g)
+    everyone = group_advantages(r, g, std_norm=std_norm, include=torch.ones_like(include)).view(-1, g)
+    assert torch.allclose(everyone, group_advantages(r, g, std_norm=std_norm).view(-1, g), atol=1e-9)
+    for k, (row, inc) in enumerate(zip(r.view(-1, g), include.view(-1, g))):
+        assert torch.all(adv[k][~inc] == 0), "an excluded response carries no advantage"
+        kept = row[inc]
+        if kept.numel() >= 2 and len(set(kept.tolist())) > 1:
+            alone = group_advantages(kept, kept.numel(), std_norm=std_norm)
+            assert torch.allclose(adv[k][inc], alone, atol=1e-9)
+        else:  # one member, or all equal: no contrast, exactly zero
+            assert torch.all(adv[k] == 0)
+
+
+def test_filtered_group_stats_known_values():
+    # one group: two right (+1), one terminated wrong (-1), one truncated wrong with the full
+    # soft penalty (-2)
+    rewards = torch.tensor([1.0, 1.0, -1.0, -2.0], dtype=torch.float64)
+    correct = torch.tensor([True, True, False, False])
+    truncated = torch.tensor([False, False, False, True])
+    lengths = torch.tensor([3, 4, 2, 6])
+    cfg = AlgoConfig(group_size=4, expected_len=4, cache_len=2, overlong_filter=True, soft_overlong=True)
+
+    def adv(mode, **kw):
+        return config_advantages(rewards, correct, lengths, truncated, 4, cfg.replace(filtered_group_stats=mode, **kw))
+
+    shaped = adv("shaped")
+    assert torch.allclose(shaped, group_advantages(rewards, 4))
+    unpen = adv("unpenalized")  # the truncated response enters at -1
+    assert torch.allclose(unpen, group_advantages(torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64), 4))
+    excl = adv("excluded")  # mean 1/3 and sample std of (1, 1, -1) over the three that terminated
+    assert excl[3] == 0
+    assert torch.allclose(excl[:3], group_advantages(rewards[:3], 3))
+    # the short wrong answer: -2 in the group raises its advantage above the other two modes
+    assert shaped[2] > unpen[2] and shaped[2] > excl[2]
+    # without overlong filtering nothing is filtered and the knob does nothing
+    for mode in ("unpenalized", "excluded"):
+        assert torch.equal(adv(mode, overlong_filter=False), shaped)

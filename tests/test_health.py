@@ -145,7 +145,7 @@ def test_diagnose_reads_toy_and_scale_jsonl(toy_results, tmp_path):
     r = toy_results["truncation_noise"]
     write_metrics(r, tmp_path / "t.jsonl")
     runs, _ = read_runs(tmp_path / "t.jsonl")
-    assert len(runs) == 40 and all(len(v) == 150 for v in runs.values())
+    assert len(runs) == len(r.experiment.arms) * 20 and all(len(v) == 150 for v in runs.values())
     assert "experiment=truncation_noise/arm=punish/seed=0" in runs
 
 

@@ -12,9 +12,9 @@ from scale.config import load  # noqa: E402
 from scale.launch import main as launch_main, slurm_script, torchrun_command  # noqa: E402
 
 
-def _summary(tmp_path, primary="reproduced", control="no effect (as expected)"):
+def _summary(tmp_path, primary="reproduced", control="no effect (as expected)", blocks=("discovery", "confirmation")):
     s = {"experiments": {"entropy_collapse": {"verdict": primary, "contrasts": [
-        {"name": "p", "role": "primary", "verdict": primary},
+        {"name": "p", "role": "primary", "verdict": primary, "blocks": {b: {"verdict": primary} for b in blocks}},
         {"name": "c", "role": "control", "verdict": control}]}}}
     f = tmp_path / "summary.json"
     f.write_text(json.dumps(s))
@@ -31,6 +31,8 @@ def test_gate_write_check_and_refusals(tmp_path, monkeypatch):
         gate.write(cfg, _summary(tmp_path, primary="reversed"), d)
     with pytest.raises(gate.GateError, match="control"):
         gate.write(cfg, _summary(tmp_path, control="EFFECT IN CONTROL"), d)
+    with pytest.raises(gate.GateError, match="primary 'p' has no confirmation block"):
+        gate.write(cfg, _summary(tmp_path, blocks=("discovery",)), d)
     path = gate.write(cfg, _summary(tmp_path), d)
     assert json.loads(path.read_text())["algo_hash"] == gate.algo_hash(cfg)
     assert gate.check(cfg, d)["commit"].startswith("abc123")

@@ -131,3 +131,31 @@ def test_errors_name_the_argument():
             DynamicSampler(**{"target_groups": 2, "group_size": 2, "max_rounds": 1, **kw})
     with pytest.raises(ValueError, match="^batch group_size 4 != sampler's 2$"):
         s.add(_groups([1], 4))
+
+
+def test_uniform_groups_can_leave_truncated_responses_out():
+    from dapo import AlgoConfig
+    from dapo.sampling import uniform_groups
+
+    correct = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool).view(-1)
+    truncated = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool).view(-1)
+    all_c, all_w = uniform_groups(correct, 4)
+    assert all_c.tolist() == [False, False, False] and all_w.tolist() == [False, False, True]
+    all_c, all_w = uniform_groups(correct, 4, truncated)
+    # group 0: its terminated responses are all right; group 1: its only terminated one is right;
+    # group 2: nothing terminated (counts as all wrong)
+    assert all_c.tolist() == [True, True, False] and all_w.tolist() == [False, False, True]
+    # leading run dimension
+    c2, w2 = uniform_groups(torch.stack([correct, correct]), 4, torch.stack([truncated, truncated]))
+    assert c2.tolist() == [[True, True, False]] * 2 and w2.tolist() == [[False, False, True]] * 2
+
+    cfg = AlgoConfig(group_size=4, train_groups=2, mini_batch_groups=1, expected_len=4, cache_len=2)
+    assert DynamicSampler.for_config(cfg).exclude_truncated is False
+    s = DynamicSampler.for_config(cfg.replace(filtered_group_stats="excluded"))
+    assert s.exclude_truncated is True and s.target_groups == 2 and s.max_rounds == cfg.max_gen_rounds
+    assert DynamicSampler.for_config(cfg.replace(filtered_group_stats="excluded", overlong_filter=False),
+                                     target_groups=1).exclude_truncated is False
+    b = _groups([2, 1], 4)
+    b = RolloutBatch(**{**b.__dict__, "correct": correct[:8], "truncated": truncated[:8]})
+    s.add(b)
+    assert s.accepted_groups == 0 and s.rejected_all_correct == 2

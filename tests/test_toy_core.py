@@ -340,7 +340,9 @@ def test_paired_interval_falls_back_to_percentiles_when_bca_fails(monkeypatch):
     class Failed:
         confidence_interval = type("CI", (), {"low": math.nan, "high": 0.1})()
 
-    monkeypatch.setattr(stats_module.stats, "bootstrap", lambda *a, **kw: Failed())
+    import scipy.stats
+
+    monkeypatch.setattr(scipy.stats, "bootstrap", lambda *a, **kw: Failed())
     d = np.random.default_rng(0).normal(0.2, 1.0, size=12)  # continuous: every percentile distinct
     means = np.random.default_rng(stats_module.BOOTSTRAP_SEED).choice(d, (stats_module.BOOTSTRAP_RESAMPLES, 12)).mean(1)
     lo, hi = np.percentile(means, [2.5, 97.5])

@@ -13,26 +13,48 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run experiments and print their verdicts")
     run.add_argument("experiment", help="an experiment name (see `dapo toy list`) or `all`")
-    run.add_argument("--seeds", type=int, default=10, help="paired seeds per arm (default 10)")
+    _seed_args(run, 10)
     run.add_argument("--out", type=Path, default=Path("runs/toy"), help="output directory (default runs/toy)")
     run.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
     run.add_argument("--policy", choices=["tabular", "gru"], default="tabular",
                      help="tabular softmax + SGD (default) or GRU + Adam")
     run.add_argument("--steps", type=int, default=None, help="override every horizon (exploration only)")
+    run.add_argument("--engine", choices=["batched", "loop"], default="batched",
+                     help="batched: runs stacked in one tensor computation (default); loop: one run at a time "
+                          "(the reference; same results)")
     run.add_argument("--no-plots", action="store_true", help="skip the PNG figures even if seaborn is installed")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
     sub.add_parser("list", help="list the experiments")
     for name, help_, seeds in (("ladder", "the six Table-1 presets in order on the composite task", 10),
                                ("factorial", "all 2^5 combinations of the five techniques", 5)):
         q = sub.add_parser(name, help=help_)
-        q.add_argument("--seeds", type=int, default=seeds, help=f"paired seeds per cell (default {seeds})")
+        _seed_args(q, seeds)
         q.add_argument("--out", type=Path, default=Path(f"reports/{name}"), help=f"default reports/{name}")
         q.add_argument("--jobs", type=int, default=None)
         q.add_argument("--steps", type=int, default=None, help="override the 150-step horizon")
+        q.add_argument("--quiet", action="store_true", help="no progress bar")
     h = sub.add_parser("health", help="diagnose toy runs with known failure modes (confusion matrix)")
     h.add_argument("--seeds", type=int, default=10)
     h.add_argument("--out", type=Path, default=Path("reports/health"))
     h.add_argument("--jobs", type=int, default=None)
     return p
+
+
+def _seed_args(p: argparse.ArgumentParser, default: int) -> None:
+    p.add_argument("--seeds", type=int, default=default,
+                   help=f"paired seeds per block (default {default}): a discovery block and a disjoint "
+                        "confirmation block are both run, and a finding must hold on both")
+    p.add_argument("--seed-start", type=int, default=0,
+                   help="first seed of the discovery block (default 0); the confirmation block follows it")
+    p.add_argument("--no-confirm", action="store_true", help="run the discovery block only (exploration)")
+
+
+def _check_seeds(cmd: str, args) -> str | None:
+    if args.seeds < 2:
+        return f"dapo toy {cmd}: --seeds must be >= 2 (paired intervals need at least two), got {args.seeds}"
+    if args.seed_start < 0:
+        return f"dapo toy {cmd}: --seed-start must be >= 0, got {args.seed_start}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,24 +84,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dapo toy run: unknown experiment {args.experiment!r}; choose from: all, {', '.join(REGISTRY)}",
               file=sys.stderr)
         return 2
-    if args.seeds < 2:
-        print("dapo toy run: --seeds must be >= 2 (paired intervals need at least two)", file=sys.stderr)
+    if (err := _check_seeds("run", args)) is not None:
+        print(err, file=sys.stderr)
         return 2
-    return run(chosen, args.seeds, args.out, args.jobs, args.policy, args.steps, plots=not args.no_plots)
+    return run(chosen, args.seeds, args.out, args.jobs, args.policy, args.steps, plots=not args.no_plots,
+               seed_start=args.seed_start, confirm=not args.no_confirm, engine=args.engine, quiet=args.quiet)
 
 
-def run(chosen, seeds: int, out: Path, jobs: int | None, policy: str, steps: int | None, plots: bool = True) -> int:
+def run(chosen, seeds: int, out: Path, jobs: int | None, policy: str, steps: int | None, plots: bool = True,
+        seed_start: int = 0, confirm: bool = True, engine: str = "batched", quiet: bool = False) -> int:
     from .experiment import run_experiments
     from .output import format_table, write_all
     from .plots import plot_experiment, plotting_available
 
     t0 = time.perf_counter()
-    results = run_experiments(chosen, seeds=seeds, jobs=jobs, policy=policy, steps=steps)
+    results = run_experiments(chosen, seeds=seeds, jobs=jobs, policy=policy, steps=steps, seed_start=seed_start,
+                              confirm=confirm, engine=engine, progress=not quiet)
     wall = time.perf_counter() - t0
     total = write_all(results, out, wall)
     print(format_table(results))
-    print(f"\n{len(results)} experiment(s), {seeds} seeds, {total['sampled_tokens']:.0f} sampled tokens "
-          f"in {wall:.1f} s wall ({total['sampled_tokens'] / wall:.0f} tokens/s); results in {out}/")
+    print(f"\n{len(results)} experiment(s), {len(results[0].seeds)} seeds per arm, {total['sampled_tokens']:.0f} "
+          f"sampled tokens in {wall:.1f} s wall ({total['sampled_tokens'] / wall:.0f} tokens/s); results in {out}/")
     if plots:
         if plotting_available():
             for r in results:
@@ -94,10 +119,11 @@ def _ladder(args, argv) -> int:
     from . import ladder as L
     from .ladder_report import write_factorial, write_ladder
 
-    if args.seeds < 2:
-        print(f"dapo toy {args.cmd}: --seeds must be >= 2", file=sys.stderr)
+    if (err := _check_seeds(args.cmd, args)) is not None:
+        print(err, file=sys.stderr)
         return 2
-    result, wall = L.run(args.cmd, args.seeds, args.jobs, args.steps or L.STEPS)
+    result, wall = L.run(args.cmd, args.seeds, args.jobs, args.steps or L.STEPS, seed_start=args.seed_start,
+                         confirm=not args.no_confirm, progress=not args.quiet)
     command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
     writer = write_ladder if args.cmd == "ladder" else write_factorial
     path = writer(result, wall, args.out, command)

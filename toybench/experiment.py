@@ -4,15 +4,13 @@ contrasts with an expected direction, and the machinery that runs them over seed
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 import os
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from dapo import AlgoConfig
 
-from .runner import RunSpec, train
+from .runner import RunSpec
 from .stats import Interval, paired_interval, verdict
 
 Log = list[dict[str, float]]
@@ -155,42 +153,69 @@ def at_budget(metric: str, x: str, budget: float) -> Callable[[Log], float]:
 
 # ---- running -------------------------------------------------------------------------------
 
-def _cost(spec: RunSpec) -> float:
-    """Rough relative cost of a run, for scheduling only."""
-    c = spec.cfg
-    windows = -(-c.train_groups // c.mini_batch_groups) * c.ppo_epochs
-    rounds = 3 if c.dynamic_sampling else 1
-    return spec.steps * (windows + rounds) * c.train_groups * c.group_size
+BLOCKS = ("discovery", "confirmation")
 
 
-def _run_job(job: tuple[str, str, int, RunSpec]) -> tuple[str, str, int, Log, float]:
-    import torch
-
-    torch.set_num_threads(1)
-    name, arm, seed, spec = job
-    t0 = time.perf_counter()
-    log = train(spec)
-    return name, arm, seed, log, time.perf_counter() - t0
+def seed_blocks(n: int, start: int = 0, confirm: bool = True) -> dict[str, list[int]]:
+    """The discovery block ``start .. start + n - 1`` and the disjoint confirmation block
+    that follows it (``start + n .. start + 2n - 1``); without ``confirm``, discovery only."""
+    if n < 1 or start < 0:
+        raise ValueError(f"need n >= 1 seeds and start >= 0, got n={n}, start={start}")
+    blocks = {"discovery": list(range(start, start + n))}
+    if confirm:
+        blocks["confirmation"] = list(range(start + n, start + 2 * n))
+    return blocks
 
 
 @dataclass
-class ContrastResult:
-    contrast: Contrast
+class BlockResult:
     interval: Interval
     verdict: str
     per_seed: list[float]
 
 
 @dataclass
+class ContrastResult:
+    contrast: Contrast
+    blocks: dict[str, BlockResult]
+    verdict: str
+    """The block verdict when every block agrees; ``fragile`` when they differ."""
+
+    @property
+    def interval(self) -> Interval:
+        """The discovery block's interval."""
+        return self.blocks["discovery"].interval
+
+    @property
+    def per_seed(self) -> list[float]:
+        return self.blocks["discovery"].per_seed
+
+    @property
+    def fragile(self) -> bool:
+        return self.verdict == FRAGILE
+
+
+FRAGILE = "fragile"
+
+
+def combine(verdicts: Sequence[str]) -> str:
+    """A finding holds only where every seed block gives the same verdict."""
+    return verdicts[0] if len(set(verdicts)) == 1 else FRAGILE
+
+
+@dataclass
 class ExperimentResult:
     experiment: Experiment
     seeds: list[int]
+    """Every seed run (all blocks, in order)."""
     logs: dict[str, dict[int, Log]]
     summaries: dict[str, dict[str, list[float]]]
     """summary -> arm -> value per seed (in ``seeds`` order)."""
     contrasts: list[ContrastResult]
     cpu_seconds: float
     policy: str = "tabular"
+    blocks: dict[str, list[int]] = field(default_factory=dict)
+    """Seed blocks (``discovery``, ``confirmation``) the contrasts are judged on."""
 
     @property
     def primary(self) -> ContrastResult:
@@ -201,19 +226,24 @@ class ExperimentResult:
 
 
 def evaluate(exp: Experiment, seeds: list[int], logs: dict[str, dict[int, Log]], cpu: float,
-             policy: str = "tabular") -> ExperimentResult:
+             policy: str = "tabular", blocks: dict[str, list[int]] | None = None) -> ExperimentResult:
+    blocks = blocks or {"discovery": list(seeds)}
     summaries = {
         name: {arm: [s.fn(logs[arm][seed]) for seed in seeds] for arm in exp.arms}
         for name, s in exp.summaries.items()
     }
+    position = {seed: i for i, seed in enumerate(seeds)}
     results = []
     for c in exp.contrasts:
         b = summaries[c.summary_b or c.summary][c.b]
         a = summaries[c.summary][c.a] if c.a is not None else [0.0] * len(b)
-        diffs = [y - x for x, y in zip(a, b)]
-        iv = paired_interval(diffs)
-        results.append(ContrastResult(c, iv, verdict(iv, c.expect), diffs))
-    return ExperimentResult(exp, seeds, logs, summaries, results, cpu, policy)
+        per_block = {}
+        for block, members in blocks.items():
+            diffs = [b[position[s]] - a[position[s]] for s in members]
+            iv = paired_interval(diffs)
+            per_block[block] = BlockResult(iv, verdict(iv, c.expect), diffs)
+        results.append(ContrastResult(c, per_block, combine([r.verdict for r in per_block.values()])))
+    return ExperimentResult(exp, seeds, logs, summaries, results, cpu, policy, blocks)
 
 
 def run_experiments(
@@ -222,32 +252,41 @@ def run_experiments(
     jobs: int | None = None,
     policy: str = "tabular",
     steps: int | None = None,
+    *,
+    seed_start: int = 0,
+    confirm: bool = True,
+    engine: str = "batched",
+    progress: bool = True,
 ) -> list[ExperimentResult]:
     """Run every arm of every experiment on the same seeds (paired) and evaluate them.
 
-    ``jobs`` worker processes (default: CPU count, at most 2 threads' worth on a laptop);
-    results do not depend on ``jobs``."""
-    seed_list = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
-    todo = [
-        (e.name, arm, s, e.spec(arm, s, policy, steps))
-        for e in experiments
-        for arm in e.arms
-        for s in seed_list
-    ]
-    # longest jobs first, so no worker idles at the end (results do not depend on order)
-    todo.sort(key=lambda j: -_cost(j[3]))
-    jobs = jobs or os.cpu_count() or 1
-    if jobs > 1:
-        with mp.get_context("spawn").Pool(jobs) as pool:
-            done = list(pool.imap_unordered(_run_job, todo, chunksize=1))
+    ``seeds`` is the block size: the discovery block ``seed_start ..`` and, unless
+    ``confirm=False``, the disjoint confirmation block after it; an explicit list of seeds
+    is one block. ``jobs`` processes (default: CPU count) share the work; ``engine``
+    ``batched`` stacks runs that can share a tensor computation (:mod:`toybench.engine`),
+    ``loop`` trains every run on its own (:func:`toybench.runner.train`). Results depend
+    on neither."""
+    from .scheduler import execute, plan
+
+    if steps is not None:
+        experiments = [with_steps(e, steps) for e in experiments]
+    if isinstance(seeds, int):
+        blocks = seed_blocks(seeds, seed_start, confirm)
     else:
-        done = [_run_job(j) for j in todo]
+        blocks = {"discovery": list(seeds)}
+    seed_list = [s for members in blocks.values() for s in members]
+    runs = [((e.name, arm, s), e.spec(arm, s, policy)) for e in experiments for arm in e.arms
+            for s in seed_list]
+    job_list = plan(runs, engine)
+    done = execute(job_list, jobs or os.cpu_count() or 1, show_progress=progress)
     logs: dict[str, dict[str, dict[int, Log]]] = {e.name: {a: {} for a in e.arms} for e in experiments}
     cpu: dict[str, float] = {e.name: 0.0 for e in experiments}
-    for name, arm, seed, log, secs in done:
-        logs[name][arm][seed] = log
-        cpu[name] += secs
-    return [evaluate(e, seed_list, logs[e.name], cpu[e.name], policy) for e in experiments]
+    for job, (pairs, secs) in zip(job_list, done):
+        for (name, arm, seed), log in pairs:
+            logs[name][arm][seed] = log
+        for name in {rid[0] for rid, _ in job.runs}:  # a job's CPU time, split by its runs
+            cpu[name] += secs * sum(1 for rid, _ in job.runs if rid[0] == name) / len(job.runs)
+    return [evaluate(e, seed_list, logs[e.name], cpu[e.name], policy, blocks) for e in experiments]
 
 
 def with_steps(exp: Experiment, steps: int) -> Experiment:

@@ -53,10 +53,21 @@ def toy_config(cfg: AlgoConfig) -> AlgoConfig:
     return cfg.replace(**TOY)
 
 
+VARIANTS: dict[str, dict[str, str]] = {
+    "dapo+unpenalized": {"filtered_group_stats": "unpenalized"},
+    "dapo+excluded": {"filtered_group_stats": "excluded"},
+}
+"""The dapo rung with truncated responses spared the length penalty in the group
+statistics, or left out of them (``AlgoConfig.filtered_group_stats``), compared with the
+dapo rung (``shaped``, the default)."""
+
+
 def ladder_experiment(steps: int = STEPS) -> Experiment:
+    arms = {rung: Arm(toy_config(cfg), LR) for rung, cfg in PRESETS.items()}
+    arms.update({name: Arm(toy_config(PRESETS["dapo"].replace(**change)), LR) for name, change in VARIANTS.items()})
     return Experiment(
         name="ladder", title="Table-1 ladder on the composite toy", paper="Table 1 (cumulative)", task=TASK,
-        steps=steps, arms={rung: Arm(toy_config(cfg), LR) for rung, cfg in PRESETS.items()},
+        steps=steps, arms=arms,
         summaries=RESPONSES, contrasts=(), curves=("toy/expected_accuracy", "actor/entropy", "rollout/truncation_rate"),
     )
 
@@ -101,11 +112,15 @@ def _design() -> tuple[list[str], np.ndarray]:
     return names, np.array(rows)
 
 
-def factorial_effects(values: dict[str, list[float]]) -> dict[str, list[Effect]]:
+def factorial_effects(values: dict[str, list[float]], columns: Sequence[int] | None = None
+                      ) -> dict[str, list[Effect]]:
     """Main effects and two-way interactions (difference of means between the +1 and -1
-    halves of the design, +-1 coding) with bootstrap intervals over seeds."""
+    halves of the design, +-1 coding) with bootstrap intervals over seeds (``columns``:
+    the positions of one seed block; default all)."""
     names, x = _design()
     table = np.array([values[n] for n in names])  # [cells, seeds]
+    if columns is not None:
+        table = table[:, list(columns)]
     switches = list(SWITCHES)
 
     def effect(col: np.ndarray) -> Callable[[np.ndarray], float]:
@@ -161,19 +176,33 @@ def shapley(values: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     return res
 
 
-def ladder_steps(values: dict[str, list[float]]) -> list[dict[str, float]]:
-    """Per rung: mean with a 95% interval, and the paired step from the rung before."""
+def ladder_steps(values: dict[str, list[float]], seeds: list[int], blocks: dict[str, list[int]]
+                 ) -> list[dict[str, float | str]]:
+    """Per rung: mean with a 95% interval (all seeds), and the paired step from the rung
+    before on each seed block (``step_<block>``, ``low_<block>``, ``high_<block>``) with
+    ``holds``: ``yes`` when every block's interval excludes zero on the same side,
+    ``no effect`` when none does, ``fragile`` otherwise. The variants (:data:`VARIANTS`)
+    follow, each compared with the dapo rung."""
     out = []
     prev = None
-    for rung in PRESETS:
+    pos = {s: i for i, s in enumerate(seeds)}
+    for rung in [*PRESETS, *(v for v in VARIANTS if v in values)]:
         v = np.array(values[rung])
         lo, hi = _bootstrap(lambda t: float(t.mean()), v[None, :])
-        row = {"rung": rung, "mean": float(v.mean()), "low": lo, "high": hi}
-        if prev is not None:
-            iv = paired_interval(list(v - np.array(values[prev])))
-            row.update({"step": iv.mean, "step_low": iv.low, "step_high": iv.high})
+        row: dict[str, float | str] = {"rung": rung, "mean": float(v.mean()), "low": lo, "high": hi}
+        base = prev if rung in PRESETS else "dapo"
+        if base is not None:
+            row["vs"] = base
+            signs = []
+            for block, members in blocks.items():
+                idx = [pos[s] for s in members]
+                iv = paired_interval(list(v[idx] - np.array(values[base])[idx]))
+                row.update({f"step_{block}": iv.mean, f"low_{block}": iv.low, f"high_{block}": iv.high})
+                signs.append(1 if iv.low > 0 else -1 if iv.high < 0 else 0)
+            row["holds"] = ("yes" if signs[0] != 0 else "no effect") if len(set(signs)) == 1 else "fragile"
         out.append(row)
-        prev = rung
+        if rung in PRESETS:
+            prev = rung
     return out
 
 
@@ -183,9 +212,11 @@ def timed(fn: Callable, *args, **kwargs):
     return res, time.perf_counter() - t0
 
 
-def run(kind: str, seeds: int, jobs: int | None = None, steps: int = STEPS):
+def run(kind: str, seeds: int, jobs: int | None = None, steps: int = STEPS, seed_start: int = 0,
+        confirm: bool = True, progress: bool = True):
     exp = ladder_experiment(steps) if kind == "ladder" else factorial_experiment(steps)
-    (result,), wall = timed(run_experiments, [exp], seeds=seeds, jobs=jobs)
+    (result,), wall = timed(run_experiments, [exp], seeds=seeds, jobs=jobs, seed_start=seed_start, confirm=confirm,
+                            progress=progress)
     return result, wall
 
 

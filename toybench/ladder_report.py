@@ -41,19 +41,25 @@ def write_ladder(result: ExperimentResult, wall: float, out: Path, command: str)
         "from the rung above [95% BCa interval].", "",
     ]
     table = {}
+    blocks = result.blocks
+    heads = " | ".join(f"step, {b} seeds {m[0]}..{m[-1]} | 95% CI" for b, m in blocks.items())
     for metric in ("accuracy_final", "accuracy_mean"):
-        steps = L.ladder_steps(s[metric])
+        steps = L.ladder_steps(s[metric], result.seeds, blocks)
         table[metric] = steps
-        lines += [f"## {L.RESPONSES[metric].description}", "", "| rung | mean | 95% CI | step | step 95% CI |",
-                  "|---|---|---|---|---|"]
+        lines += [f"## {L.RESPONSES[metric].description}", "", f"| rung | mean | 95% CI | vs | {heads} | holds |",
+                  "|---|---|---|---|" + "---|---|" * len(blocks) + "---|"]
         for r in steps:
-            lines.append(f"| {r['rung']} | {r['mean']:.3f} | {_range(r['low'], r['high'])} | "
-                         f"{_fmt(r.get('step'))} | {_ci(r['step_low'], r['step_high']) if 'step' in r else ''} |")
+            cells = " | ".join(f"{_fmt(r.get(f'step_{b}'))} | "
+                               f"{_ci(r[f'low_{b}'], r[f'high_{b}']) if f'step_{b}' in r else ''}" for b in blocks)
+            lines.append(f"| {r['rung']} | {r['mean']:.3f} | {_range(r['low'], r['high'])} | {r.get('vs', '')} | "
+                         f"{cells} | {r.get('holds', '')} |")
         lines.append("")
+    lines += ["Variants below the six rungs change only how truncated responses enter the group statistics "
+              "(`filtered_group_stats`; the rungs use `shaped`) and are compared with the dapo rung.", ""]
     lines += ["## Health metrics per rung (means over seeds)", "",
               "| rung | entropy | truncation | length | all-wrong groups | rare path prob | responses generated |",
               "|---|---|---|---|---|---|---|"]
-    for rung in PRESETS:
+    for rung in result.experiment.arms:
         m = {k: float(np.nanmean(s[k][rung])) for k in s}
         lines.append(f"| {rung} | {m['entropy_final']:.3f} | {m['truncation_final']:.3f} | {m['length_final']:.2f} | "
                      f"{m['uniform_groups_final']:.3f} | {m['best_path_final']:.3f} | {m['responses_total']:.0f} |")
@@ -62,6 +68,7 @@ def write_ladder(result: ExperimentResult, wall: float, out: Path, command: str)
     if fig:
         lines += ["", f"![ladder]({fig})"]
     (out / "ladder.json").write_text(json.dumps({"command": command, "wall_seconds": wall, "seeds": result.seeds,
+                                                 "blocks": blocks,
                                                  "steps": result.experiment.steps, "table": table,
                                                  "summaries": s}, indent=2, default=L.nan_to_none))
     path = out / "README.md"
@@ -83,7 +90,7 @@ def _ladder_figure(result: ExperimentResult, out: Path) -> str:
     df = pd.DataFrame(rows)
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
     for ax, y in zip(axes[:2], ("accuracy", "entropy")):
-        sns.lineplot(data=df, x="step", y=y, hue="rung", errorbar=("ci", 95), n_boot=200, seed=0, ax=ax)
+        sns.lineplot(data=df, x="step", y=y, hue="rung", errorbar=("se", 1.96), ax=ax)
         ax.legend(fontsize=6)
     fin = pd.DataFrame([{"rung": r, "accuracy": v} for r in PRESETS for v in result.summaries["accuracy_final"][r]])
     sns.pointplot(data=fin, x="rung", y="accuracy", errorbar=("ci", 95), n_boot=500, seed=0, ax=axes[2])
@@ -105,16 +112,28 @@ def write_factorial(result: ExperimentResult, wall: float, out: Path, command: s
         "Switches, in the paper's order of addition: " + ", ".join(f"`{k}`" for k in SWITCHES) + ". "
         "Effects use +-1 coding: mean over the cells with the switch on minus the cells with it off "
         "(interactions: cells where the two agree minus where they differ). Intervals: 95% bootstrap over "
-        "seeds, paired across cells.", "",
+        "seeds, paired across cells. Main effects are given on each seed block; interactions and Shapley "
+        "values pool both blocks.", "",
     ]
-    payload = {"command": command, "wall_seconds": wall, "seeds": result.seeds, "steps": result.experiment.steps}
+    blocks = result.blocks
+    pos = {seed: i for i, seed in enumerate(result.seeds)}
+    payload = {"command": command, "wall_seconds": wall, "seeds": result.seeds, "blocks": blocks,
+               "steps": result.experiment.steps}
     for metric in ("accuracy_final", "accuracy_mean"):
         eff = L.factorial_effects(s[metric])
+        per_block = {b: L.factorial_effects(s[metric], [pos[x] for x in m])["main"] for b, m in blocks.items()}
         sh = L.shapley(s[metric])
-        payload[metric] = {"effects": {k: [e.__dict__ for e in v] for k, v in eff.items()}, "shapley": sh}
+        payload[metric] = {"effects": {k: [e.__dict__ for e in v] for k, v in eff.items()}, "shapley": sh,
+                           "main_per_block": {b: [e.__dict__ for e in v] for b, v in per_block.items()}}
+        heads = " | ".join(f"effect, {b} | 95% CI" for b in blocks)
         lines += [f"## Response: {L.RESPONSES[metric].description}", "", "### Main effects", "",
-                  "| technique | effect | 95% CI |", "|---|---|---|"]
-        lines += [f"| {e.name} | {e.mean:+.3f} | {_ci(e.low, e.high)} |" for e in eff["main"]]
+                  f"| technique | {heads} | holds |", "|---|" + "---|---|" * len(blocks) + "---|"]
+        for i, e in enumerate(eff["main"]):
+            es = [per_block[b][i] for b in blocks]
+            signs = {1 if x.low > 0 else -1 if x.high < 0 else 0 for x in es}
+            holds = ("yes" if signs != {0} else "no effect") if len(signs) == 1 else "fragile"
+            cells = " | ".join(f"{x.mean:+.3f} | {_ci(x.low, x.high)}" for x in es)
+            lines.append(f"| {e.name} | {cells} | {holds} |")
         lines += ["", "### Two-way interactions", "", "| pair | interaction | 95% CI | excludes 0 |",
                   "|---|---|---|---|"]
         lines += [f"| {e.name} | {e.mean:+.3f} | {_ci(e.low, e.high)} | {'yes' if e.low > 0 or e.high < 0 else ''} |"

@@ -38,6 +38,7 @@ def summary_dict(result: ExperimentResult) -> dict[str, Any]:
         "policy": result.policy,
         "horizon_steps": e.steps,
         "seeds": result.seeds,
+        "blocks": result.blocks,
         "arms": {name: {"lr": a.lr, "task": a.task or e.task, "task_kwargs": a.task_kwargs, "config": a.cfg.to_dict()}
                  for name, a in e.arms.items()},
         "summaries": {
@@ -49,8 +50,11 @@ def summary_dict(result: ExperimentResult) -> dict[str, Any]:
         "contrasts": [
             {"name": c.contrast.name, "role": c.contrast.role, "a": c.contrast.a, "b": c.contrast.b,
              "summary": c.contrast.summary, "summary_b": c.contrast.summary_b, "expect": c.contrast.expect,
-             "mean_diff": _clean(c.interval.mean), "ci95": [_clean(c.interval.low), _clean(c.interval.high)],
-             "n": c.interval.n, "verdict": c.verdict, "per_seed_diff": [_clean(x) for x in c.per_seed],
+             "verdict": c.verdict,
+             "blocks": {name: {"seeds": result.blocks[name], "mean_diff": _clean(b.interval.mean),
+                               "ci95": [_clean(b.interval.low), _clean(b.interval.high)], "n": b.interval.n,
+                               "verdict": b.verdict, "per_seed_diff": [_clean(x) for x in b.per_seed]}
+                        for name, b in c.blocks.items()},
              "note": c.contrast.note}
             for c in result.contrasts
         ],
@@ -65,22 +69,36 @@ def _mean(v: list[float]) -> float:
     return sum(f) / len(f) if f else math.nan
 
 
+def _block_label(result: ExperimentResult) -> str:
+    return ", ".join(f"{name} seeds {m[0]}..{m[-1]}" for name, m in result.blocks.items())
+
+
 def format_table(results: list[ExperimentResult]) -> str:
+    """Each contrast's mean and 95% interval on every seed block, and the verdict: the
+    block verdict where the blocks agree, ``fragile`` where they do not."""
     lines = []
     for r in results:
         e = r.experiment
+        names = list(r.blocks)
         lines.append(f"\n== {e.name}: {e.title}")
-        lines.append(f"   {e.paper}; {len(r.seeds)} paired seeds, horizon {e.steps} steps, {r.policy} policy")
-        lines.append(f"   {'role':<9} {'contrast (b - a)':<62} {'mean':>9} {'95% CI':>21}  verdict")
+        lines.append(f"   {e.paper}; {_block_label(r)}; horizon {e.steps} steps, {r.policy} policy")
+        head = "".join(f" {name[:12] + ' (mean, 95% CI)':>33}" for name in names)
+        lines.append(f"   {'role':<9} {'contrast (b - a)':<58}{head}  verdict")
         for c in r.contrasts:
-            iv = c.interval
-            ci = f"[{iv.low:+.3f}, {iv.high:+.3f}]"
-            lines.append(f"   {c.contrast.role:<9} {c.contrast.name[:62]:<62} {iv.mean:>+9.3f} {ci:>21}  {c.verdict}")
-    lines.append("\n== verdicts")
+            cells = ""
+            for name in names:
+                iv = c.blocks[name].interval
+                cells += f" {iv.mean:>+9.3f} [{iv.low:+.3f}, {iv.high:+.3f}]"
+            verdict = c.verdict
+            if c.fragile:
+                verdict += " (" + " / ".join(c.blocks[n].verdict for n in names) + ")"
+            lines.append(f"   {c.contrast.role:<9} {c.contrast.name[:58]:<58}{cells}  {verdict}")
+    lines.append("\n== verdicts (primary contrasts; reproduced = on every seed block)")
     for r in results:
         p = r.primary
-        lines.append(f"   {r.experiment.name:<18} {p.verdict:<15} {p.contrast.name} "
-                     f"({p.interval.mean:+.3f} [{p.interval.low:+.3f}, {p.interval.high:+.3f}])")
+        ivs = "; ".join(f"{n} {b.interval.mean:+.3f} [{b.interval.low:+.3f}, {b.interval.high:+.3f}]"
+                        for n, b in p.blocks.items())
+        lines.append(f"   {r.experiment.name:<18} {p.verdict:<15} {p.contrast.name} ({ivs})")
     return "\n".join(lines)
 
 

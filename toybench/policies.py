@@ -82,46 +82,119 @@ class TabularPolicy(ToyPolicy):
         t = tokens.shape[1]
         return self._rows(prompts, tokens[:, 0])[:, :t]
 
+    def logp_entropy(self, prompts: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-token log-prob and entropy [B, T], from the log-softmax of the whole table
+        (one row per state, so each state's normaliser is computed once however many
+        responses visit it; :mod:`toybench.engine` does the same arithmetic per run)."""
+        return table_logp_entropy(self.table, prompts, tokens)
+
     @torch.no_grad()
     def sample(self, prompts: Tensor, generator: torch.Generator, first: Tensor | None = None) -> Tensor:
-        if first is None:
-            first = gumbel_sample(self.table[prompts, 0, 0], generator)
-        rest = gumbel_sample(self._rows(prompts, first)[:, 1:], generator)
-        return torch.cat([first.unsqueeze(1), rest], dim=1)
+        """Inverse-CDF sampling, one uniform per position: ``b`` for the first token (unless
+        ``first`` is forced), then ``b x (T - 1)`` for the rest (:func:`sample_table`)."""
+        b, t = prompts.shape[0], self.task.max_len
+        u_first = None if first is not None else torch.rand(b, generator=generator, dtype=torch.float64)
+        u_rest = torch.rand((b, t - 1), generator=generator, dtype=torch.float64)
+        return sample_table(table_cdf(self.table.detach()), prompts, u_first, u_rest, first=first)
 
     def make_optimizer(self, lr: float) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=lr)
 
     def _end_distribution(self) -> tuple[Tensor, Tensor, Tensor]:
-        """First-token probs [P, K], P(EOS at position t | path) [P, K, T-1] for t = 1..T-1,
-        and P(truncated | path) [P, K]."""
-        probs = torch.softmax(self.table, dim=-1)
-        first = probs[:, 0, 0, 1:]
-        stop = probs[:, 1:, 1:, EOS].permute(0, 2, 1)
-        survive = torch.cumprod(1 - stop, dim=-1)
-        reach = torch.cat([torch.ones_like(survive[..., :1]), survive[..., :-1]], dim=-1)
-        return first, reach * stop, survive[..., -1]
+        return end_distribution(self.table)
 
     @torch.no_grad()
     def exact_lengths(self) -> Tensor:
         """[P, K] expected response length (tokens, EOS included) after choosing path k."""
-        _, end_at, trunc = self._end_distribution()
-        positions = torch.arange(1, end_at.shape[-1] + 1, dtype=end_at.dtype)
-        return (end_at * (positions + 1)).sum(-1) + trunc * self.task.max_len
+        return exact_lengths(self.table, self.task)
 
     @torch.no_grad()
     def exact_accuracy(self) -> Tensor:
-        """[P] exact probability that a response to each prompt is correct.
+        """[P] exact probability that a response to each prompt is correct."""
+        return exact_accuracy(self.table, self.task)
 
-        Under path k the stop probability at position t >= 1 is s_t; EOS at position t
-        means t - 1 work tokens, and terminating at t has probability
-        prod_{j<t} (1 - s_j) * s_t. Success needs work >= need_work and the quality draw."""
-        task = self.task
-        first, end_at, _ = self._end_distribution()
-        work = torch.arange(end_at.shape[-1])  # work tokens when EOS is at position t
-        enough = work.view(1, 1, -1) >= task.need_work.unsqueeze(-1)
-        finish = (end_at * enough).sum(-1)  # [P, K]
-        return (first * task.quality * finish).sum(-1)
+
+def table_logp_entropy(table: Tensor, prompts: Tensor, tokens: Tensor, run: Tensor | None = None,
+                       entropy: bool = True) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of each token and entropy of its state's distribution, [..., T], for
+    responses ``tokens`` [..., T] to ``prompts`` [...] under ``table``; with ``run``
+    ([...]) the table has a leading run dimension and row i reads ``table[run[i]]``.
+    The entropy is detached (None with ``entropy=False``).
+
+    The log-softmax is taken once over the whole table, token-major (a fast kernel for a
+    small vocabulary), and read with one flat index, so a run's gradient accumulates in
+    the same order whether or not other runs share the table."""
+    logp_table = torch.log_softmax(table.movedim(-1, 0), dim=0)  # [V, (R,) P, T, K + 1]
+    p, t_max, k1 = table.shape[-4:-1]
+    t = tokens.shape[-1]
+    pos = torch.arange(t)
+    state = (prompts.unsqueeze(-1) * t_max + pos) * k1 + tokens[..., :1] * (pos > 0)  # path 0 at position 0
+    if run is not None:
+        state = state + run.unsqueeze(-1) * (p * t_max * k1)
+    n_states = logp_table[0].numel()
+    logp = logp_table.reshape(-1)[tokens * n_states + state]
+    if not entropy:
+        return logp, None
+    with torch.no_grad():
+        ent = -(logp_table.exp() * logp_table).sum(0).reshape(-1)[state]
+    return logp, ent
+
+
+def table_cdf(table: Tensor) -> Tensor:
+    """Cumulative next-token distribution of every state, token-minor [..., P, T, K + 1, V]."""
+    return torch.softmax(table.movedim(-1, 0), dim=0).cumsum(0).movedim(0, -1).contiguous()
+
+
+def sample_table(cdf: Tensor, prompts: Tensor, u_first: Tensor | None, u_rest: Tensor,
+                 first: Tensor | None = None, run: Tensor | None = None) -> Tensor:
+    """[b, T] tokens by inverse CDF: token = #{k : u > cdf_k}, exact up to the float64
+    rounding of the CDF. ``prompts`` [b]; ``u_first`` [b] (or ``first`` forced), ``u_rest``
+    [b, T - 1]; with ``run`` [b], ``cdf`` has a leading run dimension."""
+    p, t, k1, v = cdf.shape[-4:]
+    rows = cdf.reshape(-1, v)
+    state0 = prompts * (t * k1) if run is None else (run * p + prompts) * (t * k1)  # position 0, path 0
+    if first is None:
+        first = (u_first.unsqueeze(-1) > rows.index_select(0, state0)).sum(-1).clamp(max=v - 1)
+    later = state0.unsqueeze(1) + torch.arange(1, t) * k1 + first.unsqueeze(1)  # positions 1.., that path
+    cdf_rest = rows.index_select(0, later.view(-1)).view(*later.shape, v)
+    rest = (u_rest.unsqueeze(-1) > cdf_rest).sum(-1).clamp(max=v - 1)
+    return torch.cat([first.unsqueeze(1), rest], dim=1)
+
+
+# Closed forms of a softmax table W[..., prompt, position, path, token]; leading dimensions
+# index independent runs (the batched engine holds one table per seed).
+
+def end_distribution(table: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """First-token probs [..., P, K], P(EOS at position t | path) [..., P, K, T-1] for
+    t = 1..T-1, and P(truncated | path) [..., P, K]."""
+    probs = torch.softmax(table.movedim(-1, 0), dim=0)  # [V, ..., P, T, K + 1]
+    first = probs[1:, ..., 0, 0].movedim(0, -1)
+    stop = probs[EOS, ..., 1:, 1:].transpose(-1, -2)
+    survive = torch.cumprod(1 - stop, dim=-1)
+    reach = torch.cat([torch.ones_like(survive[..., :1]), survive[..., :-1]], dim=-1)
+    return first, reach * stop, survive[..., -1]
+
+
+@torch.no_grad()
+def exact_lengths(table: Tensor, task: TokenTask) -> Tensor:
+    """[..., P, K] expected response length (tokens, EOS included) after choosing path k."""
+    _, end_at, trunc = end_distribution(table)
+    positions = torch.arange(1, end_at.shape[-1] + 1, dtype=end_at.dtype)
+    return (end_at * (positions + 1)).sum(-1) + trunc * task.max_len
+
+
+@torch.no_grad()
+def exact_accuracy(table: Tensor, task: TokenTask) -> Tensor:
+    """[..., P] exact probability that a response to each prompt is correct.
+
+    Under path k the stop probability at position t >= 1 is s_t; EOS at position t
+    means t - 1 work tokens, and terminating at t has probability
+    prod_{j<t} (1 - s_j) * s_t. Success needs work >= need_work and the quality draw."""
+    first, end_at, _ = end_distribution(table)
+    work = torch.arange(end_at.shape[-1])  # work tokens when EOS is at position t
+    enough = work.view(1, 1, -1) >= task.need_work.unsqueeze(-1)
+    finish = (end_at * enough).sum(-1)  # [..., P, K]
+    return (first * task.quality * finish).sum(-1)
 
 
 class GRUPolicy(ToyPolicy):

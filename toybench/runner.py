@@ -83,6 +83,25 @@ def rollout_round(policy: ToyPolicy, task: TokenTask, cfg: AlgoConfig, n_groups:
     )
 
 
+SIM_TAILS: dict[str, float] = {"tail0": 0.0, "tail1": 1.0}
+"""The generation-time model (reported, never trained on). Responses of a round decode in
+lockstep, so a round takes as long as its slowest response: ``max_i L_i * m_i`` token
+times, where L_i is the response's length and ``m_i = exp(sigma * z_i)``, z_i ~ N(0, 1),
+a per-response slowdown (a long tail of slow or long generations: sigma 0 is none, sigma 1
+a heavy one). The z_i come from their own stream per (seed, step, round), so the model
+never changes a run. Metrics: ``toy/gen_time_<tail>`` per step (all rounds) and
+``cost/gen_time_<tail>_total``."""
+
+
+def round_times(lengths: torch.Tensor, seeds: list[int], step: int, rnd: int) -> dict[str, torch.Tensor]:
+    """Simulated time of one round per run: ``lengths`` [n, b] (run i with ``seeds[i]``)."""
+    z = torch.stack([torch.randn(lengths.shape[1], dtype=torch.float64,
+                                 generator=torch.Generator().manual_seed((s * 1_000_003 + step) * 1_009 + rnd + 77))
+                     for s in seeds])
+    length = lengths.to(torch.float64)
+    return {name: (length * torch.exp(sigma * z)).amax(1) for name, sigma in SIM_TAILS.items()}
+
+
 def _best_paths(task: TokenTask) -> torch.Tensor:
     feasible = (task.need_work + 2 <= task.max_len).to(task.quality.dtype)
     return (task.quality * feasible).argmax(dim=1) + 1  # token id of the best path
@@ -109,14 +128,17 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
         return (logp * float("nan") if step in spec.nan_steps else logp), ent
 
     log: list[dict[str, float]] = []
-    totals = {"responses": 0.0, "tokens": 0.0, "opt_steps": 0.0}
+    totals = {"responses": 0.0, "tokens": 0.0, "opt_steps": 0.0, **{name: 0.0 for name in SIM_TAILS}}
     for step in range(spec.steps):
-        sampler = DynamicSampler(cfg.train_groups, cfg.group_size, cfg.max_gen_rounds, cfg.dynamic_sampling)
+        sampler = DynamicSampler.for_config(cfg)
         truncated = on_track = 0
+        gen_time = dict.fromkeys(SIM_TAILS, 0.0)
         while not sampler.done:
             rb = rollout_round(policy, task, cfg, cfg.train_groups, gen)
             truncated += int(rb.truncated.sum())
             on_track += int(rb.extras["on_track"].sum())
+            for name, t in round_times(rb.lengths.view(1, -1), [spec.seed], step, sampler.rounds).items():
+                gen_time[name] += float(t[0])
             sampler.add(rb)
         m: dict[str, float] = {"step": float(step)}
         with torch.no_grad():
@@ -138,6 +160,10 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
         m["cost/responses_total"] = totals["responses"]
         m["cost/tokens_total"] = totals["tokens"]
         m["cost/optimizer_steps_total"] = totals["opt_steps"]
+        for name in SIM_TAILS:
+            totals[name] += gen_time[name]
+            m[f"toy/gen_time_{name}"] = gen_time[name]
+            m[f"cost/gen_time_{name}_total"] = totals[name]
         log.append(m)
     return log
 

@@ -7,7 +7,6 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 BOOTSTRAP_RESAMPLES = 9999
 BOOTSTRAP_SEED = 12345
@@ -38,6 +37,8 @@ def paired_interval(diffs: "list[float] | np.ndarray", confidence: float = 0.95)
     mean = float(d.mean())
     if d.size < 2 or np.ptp(d) <= 1e-12 * max(1.0, abs(mean)):
         return Interval(mean, mean, mean, int(d.size))
+    from scipy import stats  # lazily: a toy worker process never needs it
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = stats.bootstrap(

@@ -8,14 +8,18 @@ filtering drops truncated responses from the loss instead; soft overlong punishm
 (Eq. 13) adds a length ramp on top of filtering.
 
 Primary metric: accuracy averaged over the run (the learning curve, as in Fig. 5a),
-because the effect lives where truncation is common. Reported honestly, and known from
-calibration: at the end of the horizon filtering is *behind* -1 punishment, because once
-truncated responses carry no loss nothing pushes the policy away from the ceiling and a
-few percent of responses stay truncated. And on this task the soft ramp costs more than
-it gives: a tabular policy's stop decisions are per position, so pushing mass away from
-the ramp also pushes it below the length the long prompts need. That held in calibration
-with a 16-token ceiling and a ramp starting above every useful length too (13..16). A
-ramp over all useful lengths (5..12) hurts most.
+because the effect lives where truncation is common. At the end of the horizon filtering
+is *behind* -1 punishment: once truncated responses carry no loss nothing pushes the
+policy away from the ceiling and a few percent of responses stay truncated.
+
+The soft punishment, and how filtered responses enter the group statistics
+(``AlgoConfig.filtered_group_stats``). With overlong filtering a truncated response
+carries no loss, but by default (``shaped``, what verl and TRL do) it still enters its
+group's reward mean and std with its shaped reward, -1 - 1 = -2 under the soft ramp. That
+pulls the group mean down and raises the advantage of every response that terminated,
+short wrong answers included. The arms separate the two mechanisms: the same ramps with
+truncated responses spared the penalty in the statistics (``unpenalized``: -1) or left
+out of them (``excluded``), and filtering alone with truncated responses excluded.
 """
 
 from dapo import AlgoConfig
@@ -28,6 +32,7 @@ BASE = AlgoConfig(
     expected_len=10, cache_len=2, max_grad_norm=None,
 )
 LR = 20.0
+SOFT = BASE.replace(overlong_filter=True, soft_overlong=True)
 
 EXPERIMENT = Experiment(
     name="truncation_noise",
@@ -40,6 +45,11 @@ EXPERIMENT = Experiment(
         "filter": Arm(BASE.replace(overlong_filter=True), LR),
         "soft": Arm(BASE.replace(overlong_filter=True, soft_overlong=True), LR),
         "soft_overlap": Arm(BASE.replace(overlong_filter=True, soft_overlong=True, expected_len=5, cache_len=7), LR),
+        "soft_unpenalized": Arm(SOFT.replace(filtered_group_stats="unpenalized"), LR),
+        "soft_excluded": Arm(SOFT.replace(filtered_group_stats="excluded"), LR),
+        "soft_overlap_unpenalized": Arm(SOFT.replace(expected_len=5, cache_len=7, filtered_group_stats="unpenalized"),
+                                        LR),
+        "filter_excluded": Arm(BASE.replace(overlong_filter=True, filtered_group_stats="excluded"), LR),
     },
     summaries={
         "accuracy_mean": Summary(mean_over_run("toy/expected_accuracy"), "exact expected accuracy averaged over the run"),
@@ -60,9 +70,19 @@ EXPERIMENT = Experiment(
         Contrast("final truncation rate: filtering vs -1", "punish", "filter", "truncation_final", "?",
                  role="secondary"),
         Contrast("soft punishment on top of filtering", "filter", "soft", "accuracy_mean", "+", role="secondary",
-                 note="the ramp (10..12) touches the upper useful lengths of the long prompts (10..12)"),
+                 note="truncated responses enter the group statistics at -2 (filtered_group_stats=shaped)"),
         Contrast("boundary: a ramp overlapping the useful length hurts", "filter", "soft_overlap", "accuracy_mean",
-                 "-", role="secondary", note="ramp 5..12 covers every useful length"),
+                 "-", role="secondary", note="ramp 5..12 covers every useful length; shaped statistics"),
+        Contrast("soft punishment, truncated spared the penalty in group stats", "filter", "soft_unpenalized",
+                 "accuracy_mean", "+", role="secondary", note="filtered_group_stats=unpenalized: truncated at -1"),
+        Contrast("soft punishment, truncated left out of group stats", "filter", "soft_excluded", "accuracy_mean",
+                 "+", role="secondary", note="filtered_group_stats=excluded"),
+        Contrast("overlapping ramp, truncated spared the penalty in group stats", "filter",
+                 "soft_overlap_unpenalized", "accuracy_mean", "?", role="secondary"),
+        Contrast("the interaction: sparing truncated responses the penalty (same ramp)", "soft", "soft_unpenalized",
+                 "accuracy_mean", "?", role="secondary", note="shaped (-2) vs unpenalized (-1) statistics"),
+        Contrast("filtering alone: truncated left out of group stats", "filter", "filter_excluded", "accuracy_mean",
+                 "?", role="secondary", note="no ramp: excluded vs shaped (-1) statistics"),
     ),
     curves=("toy/expected_accuracy", "rollout/truncation_rate", "rollout/length_mean"),
 )

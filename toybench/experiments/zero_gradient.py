@@ -6,8 +6,14 @@ groups and hard ones stay all-wrong: their advantages are exactly zero, but thei
 still sit in the token-mean denominator, so the effective step shrinks. Dynamic sampling
 keeps drawing until the batch holds only informative groups.
 
-What it costs is measured, not assumed: generated responses and tokens per step, and the
-accuracy reached for the same number of generated responses.
+What it costs is measured, not assumed: generated responses and tokens per step, the
+accuracy reached for the same number of generated responses, and the time to the target
+on a simulated clock (:data:`toybench.runner.SIM_TAILS`): every generation round takes as
+long as its slowest response (lengths times a per-response slowdown with no tail or a
+heavy lognormal tail), and every training step adds ``rho`` rounds' worth of training
+time (``rho * max_len`` token times). Dynamic sampling trades optimizer steps for
+generation rounds, so which arm wins on the clock depends on ``rho``: with training free
+(``rho = 0``) only rounds count; with training as costly as several rounds, steps count.
 """
 
 from dapo import AlgoConfig
@@ -24,6 +30,23 @@ TARGET = 0.8
 STEPS = 60
 # half of what the arm without dynamic sampling generates over the horizon
 BUDGET = STEPS * BASE.train_groups * BASE.group_size / 2
+REGIMES = ((0.0, "tail0"), (0.0, "tail1"), (1.0, "tail1"), (4.0, "tail0"), (8.0, "tail0"), (8.0, "tail1"))
+"""(rho, tail) pairs of the simulated clock reported: training cost per step in rounds of
+full length, and the generation-time tail."""
+
+
+def time_to_target(tail: str, rho: float):
+    """Simulated time (token times) until exact expected accuracy >= TARGET: generation
+    rounds (each as long as its slowest response) plus ``rho * max_len`` per training step,
+    counted through the step that reaches it; censored at the horizon."""
+
+    def fn(log):
+        for i, m in enumerate(log):
+            if m["toy/expected_accuracy"] >= TARGET:
+                break
+        return log[i][f"cost/gen_time_{tail}_total"] + rho * BASE.max_len * (i + 1)
+
+    return fn
 
 EXPERIMENT = Experiment(
     name="zero_gradient",
@@ -48,6 +71,11 @@ EXPERIMENT = Experiment(
             at_budget("toy/expected_accuracy", "cost/responses_total", BUDGET),
             f"exact expected accuracy once {int(BUDGET)} responses have been generated"),
         "accuracy_final": Summary(final("toy/expected_accuracy"), "exact expected accuracy, last 10 steps"),
+        "rounds_per_step": Summary(mean_over_run("sampling/rounds"), "generation rounds per step"),
+        **{f"time_to_target_rho{rho:g}_{tail}": Summary(
+            time_to_target(tail, rho),
+            f"simulated time to accuracy {TARGET} (rho = {rho:g} rounds of training per step, {tail})")
+           for rho, tail in REGIMES},
     },
     contrasts=(
         Contrast("dynamic sampling reaches the target in fewer optimizer steps", "no_ds", "dynamic_sampling",
@@ -58,6 +86,12 @@ EXPERIMENT = Experiment(
                  role="secondary"),
         Contrast("accuracy at equal generated responses", "no_ds", "dynamic_sampling", "accuracy_at_equal_rollouts",
                  "?", role="secondary", note="the paper makes no claim at equal rollouts"),
+        *(Contrast(f"clock: time to target, training {rho:g} round(s)/step, {tail}", "no_ds", "dynamic_sampling",
+                   f"time_to_target_rho{rho:g}_{tail}", "?", role="secondary",
+                   note="simulated generation time, slowest response per round")
+          for rho, tail in REGIMES),
     ),
-    curves=("toy/expected_accuracy", "rollout/groups_all_correct", "rollout/groups_all_wrong", "sampling/generated_groups"),
+    curves=("toy/expected_accuracy", "toy/expected_accuracy@cost/responses_total",
+            "toy/expected_accuracy@cost/gen_time_tail1_total", "rollout/groups_all_correct",
+            "sampling/generated_groups"),
 )

@@ -1,0 +1,223 @@
+"""The batched toy engine against the per-run loop it replaces (toybench.runner.train).
+
+What must hold: every run's trajectory (sampled tokens, hence every rollout metric, and its
+softmax table) is bit-for-bit the loop's; metrics that reduce over a run's tokens agree to
+the last bits; a run's result does not depend on which runs share its batch; and the
+verdicts and intervals of an experiment are the loop's."""
+
+import math
+
+import pytest
+import torch
+
+import toybench.runner as runner
+from dapo import AlgoConfig
+from toybench import engine
+from toybench.engine import batch_key, train_many
+from toybench.experiment import run_experiments, with_steps
+from toybench.experiments import REGISTRY
+from toybench.health_suite import FAULTS
+from toybench.ladder import ladder_experiment
+from toybench.runner import RunSpec, train
+from toybench.scheduler import plan
+
+pytestmark = pytest.mark.slow  # ~30 s: many short toy runs, two of them in worker processes
+
+EXACT = ("rollout/", "sampling/", "cost/", "toy/gen_time", "toy/truncated_on_track", "toy/length_",
+         "toy/best_path_prob")
+EXACT_KEYS = {"actor/optimizer_steps", "actor/skipped_steps", "actor/empty_windows", "actor/loss_tokens",
+              "actor/filtered_responses", "step"}
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def assert_logs_match(ref, got, where=""):
+    assert len(ref) == len(got)
+    for step, (mr, mg) in enumerate(zip(ref, got)):
+        assert list(mr) == list(mg), (where, step, set(mr) ^ set(mg))
+        for k, v in mr.items():
+            if k.startswith(EXACT) or k in EXACT_KEYS:
+                assert _same(v, mg[k]), (where, step, k, v, mg[k])
+            else:
+                assert _same(v, mg[k]) or abs(v - mg[k]) <= 1e-12 * max(1.0, abs(v)), (where, step, k, v, mg[k])
+
+
+def _loop_with_tables(specs):
+    """The loop's logs and final tables (the policy is captured as train builds it)."""
+    tables, logs = [], []
+    make = runner.make_policy
+
+    def capture(spec, task, gen):
+        policy = make(spec, task, gen)
+        tables.append(policy)
+        return policy
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "make_policy", capture)
+        for s in specs:
+            logs.append(train(s))
+    return logs, [p.table.detach() for p in tables]
+
+
+def _engine_with_tables(specs):
+    eng = engine._Engine(list(specs))
+    return eng.run(None), eng.table.detach()
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_every_arm_matches_the_per_run_loop_bitwise(name):
+    exp = REGISTRY[name]
+    specs = [exp.spec(arm, seed, steps=6) for arm in exp.arms for seed in (0, 7)]
+    groups = {}
+    for s in specs:
+        groups.setdefault(batch_key(s), []).append(s)
+    for members in groups.values():  # arms with different windows and configs share one batch
+        ref, ref_tables = _loop_with_tables(members)
+        got, table = _engine_with_tables(members)
+        for i, s in enumerate(members):
+            assert_logs_match(ref[i], got[i], (name, s.seed, s.cfg.loss_agg))
+            assert torch.equal(ref_tables[i], table[i]), (name, i)  # the trajectory, bit for bit
+
+
+def test_ladder_variants_and_injected_nan_steps_match_the_loop():
+    lad = ladder_experiment(steps=5)
+    specs = [lad.spec(arm, 3) for arm in lad.arms] + [FAULTS.spec("nan_steps", 2, steps=12)]
+    specs[-1] = RunSpec(**{**specs[-1].__dict__, "nan_steps": (1, 5, 6)})
+    for s in specs:
+        assert batch_key(s) is not None
+    by_key = {}
+    for s in specs:
+        by_key.setdefault(batch_key(s), []).append(s)
+    for members in by_key.values():
+        ref, ref_tables = _loop_with_tables(members)
+        got, table = _engine_with_tables(members)
+        for i in range(len(members)):
+            assert_logs_match(ref[i], got[i])
+            assert torch.equal(ref_tables[i], table[i])
+    nan_log = got[-1] if members[-1].nan_steps else None
+    assert nan_log is not None and [m["actor/skipped_steps"] > 0 for m in nan_log].count(True) == 3
+
+
+def test_a_run_does_not_depend_on_its_batch():
+    exp = REGISTRY["zero_gradient"]  # dynamic sampling: runs draw different numbers of rounds
+    together = train_many([exp.spec(arm, s, steps=8) for arm in exp.arms for s in (0, 1, 2)])
+    alone = train_many([exp.spec("dynamic_sampling", 1, steps=8)])
+    assert together[4] == alone[0] or all(
+        _same(a[k], b[k]) for a, b in zip(together[4], alone[0]) for k in a)
+
+
+def test_underfilled_dynamic_sampling_batches_match_the_loop():
+    # one generation round allowed: the batch is often short of train_groups
+    cfg = REGISTRY["zero_gradient"].arms["dynamic_sampling"].cfg.replace(max_gen_rounds=1)
+    specs = [RunSpec(task="zero_grad", cfg=cfg, steps=10, lr=20.0, seed=s) for s in (0, 1)]
+    ref, ref_tables = _loop_with_tables(specs)
+    got, table = _engine_with_tables(specs)
+    assert any(m["sampling/underfilled"] for log in ref for m in log)
+    for i in range(2):
+        assert_logs_match(ref[i], got[i])
+        assert torch.equal(ref_tables[i], table[i])
+
+
+def test_filtered_group_stats_variants_match_the_loop():
+    base = REGISTRY["truncation_noise"].arms["soft"].cfg.replace(dynamic_sampling=True, max_gen_rounds=3)
+    specs = [RunSpec(task="truncation", cfg=base.replace(filtered_group_stats=v), steps=6, lr=20.0, seed=4)
+             for v in ("shaped", "unpenalized", "excluded")]
+    ref, ref_tables = _loop_with_tables(specs)
+    got, table = _engine_with_tables(specs)
+    for i in range(3):
+        assert_logs_match(ref[i], got[i])
+        assert torch.equal(ref_tables[i], table[i])
+    # the knob changes the run (else the comparison above proves nothing)
+    assert not torch.equal(table[0], table[1]) and not torch.equal(table[0], table[2])
+
+
+def test_verdicts_and_intervals_match_the_loop():
+    exps = [with_steps(REGISTRY["length_bias"], 12), with_steps(REGISTRY["zero_gradient"], 12)]
+    a = run_experiments(exps, seeds=3, jobs=1, engine="batched", progress=False)
+    b = run_experiments(exps, seeds=3, jobs=1, engine="loop", progress=False)
+    for ra, rb in zip(a, b):
+        for ca, cb in zip(ra.contrasts, rb.contrasts):
+            assert ca.verdict == cb.verdict
+            for block in ca.blocks:
+                ia, ib = ca.blocks[block].interval, cb.blocks[block].interval
+                assert ia.n == ib.n
+                for x, y in ((ia.mean, ib.mean), (ia.low, ib.low), (ia.high, ib.high)):
+                    assert _same(x, y) or abs(x - y) <= 1e-9, (ca.contrast.name, block, ia, ib)
+
+
+def test_results_do_not_depend_on_the_worker_count():
+    exp = with_steps(REGISTRY["truncation_noise"], 4)
+    one = run_experiments([exp], seeds=2, jobs=1, progress=False)[0]
+    two = run_experiments([exp], seeds=2, jobs=2, progress=False)[0]
+    for arm in exp.arms:
+        for seed in one.seeds:
+            assert one.logs[arm][seed] == two.logs[arm][seed] or all(
+                _same(x[k], y[k]) for x, y in zip(one.logs[arm][seed], two.logs[arm][seed]) for k in x)
+
+
+def test_what_the_engine_cannot_batch_goes_to_the_loop():
+    cfg = AlgoConfig(group_size=4, train_groups=4, mini_batch_groups=2, expected_len=4, cache_len=2)
+    gru = RunSpec(task="zero_grad", cfg=cfg, steps=2, lr=1e-3, policy="gru")
+    noisy = RunSpec(task="zero_grad", cfg=cfg, steps=2, lr=1.0, engine_noise=0.1)
+    plain = RunSpec(task="zero_grad", cfg=cfg, steps=2, lr=1.0)
+    assert batch_key(gru) is None and batch_key(noisy) is None and batch_key(plain) is not None
+    jobs = plan([(("x", "a", 0), gru), (("x", "b", 0), noisy), (("x", "c", 0), plain), (("x", "c", 1), plain)])
+    assert sorted((j.batched, len(j.runs)) for j in jobs) == [(False, 1), (False, 1), (True, 2)]
+    with pytest.raises(ValueError, match="share one batch_key"):
+        train_many([plain, gru])
+    with pytest.raises(ValueError, match="share one batch_key"):
+        train_many([plain, RunSpec(task="zero_grad", cfg=cfg, steps=3, lr=1.0)])
+    assert [len(j.runs) for j in plan([(("x", "c", i), plain) for i in range(45)], max_runs=20)] == [15, 15, 15]
+    with pytest.raises(ValueError, match="engine must be"):
+        plan([], engine="gpu")
+
+
+def test_engine_checks_the_task_geometry():
+    cfg = AlgoConfig(group_size=4, train_groups=4, mini_batch_groups=2, expected_len=4, cache_len=3)
+    with pytest.raises(ValueError, match="must equal the task's max_len 6"):
+        train_many([RunSpec(task="zero_grad", cfg=cfg, steps=1, lr=1.0)])
+    assert train_many([]) == []
+
+
+def test_split_ids_is_tensor_split():
+    for n, k in ((32, 4), (24, 4), (8, 3), (16, 1), (0, 1)):
+        ids = engine._split_ids(torch.tensor([n]), torch.tensor([k]), 40)[0]
+        want = torch.full((40,), -1)
+        for w, part in enumerate(torch.tensor_split(torch.arange(n), k)):
+            want[part] = w
+        assert torch.equal(ids, want), (n, k)
+
+
+def test_progress_bar_draws_on_a_terminal_only():
+    import io
+
+    from toybench.progress import Progress
+
+    out = io.StringIO()
+    bar = Progress(10, "toy runs", delay=0.0, stream=out, force=True)
+    bar.update(5)
+    bar.close()
+    text = out.getvalue()
+    assert "toy runs [" in text and " 50%" in text and text.endswith("\n")
+    quiet = io.StringIO()  # not a terminal: a log file or CI stays clean
+    bar = Progress(10, "toy runs", delay=0.0, stream=quiet)
+    bar.update(10)
+    bar.close()
+    assert quiet.getvalue() == ""
+    late = io.StringIO()  # short runs draw nothing before the delay
+    bar = Progress(10, "toy runs", delay=60.0, stream=late, force=True)
+    bar.update(3)
+    bar.close()
+    assert late.getvalue() == ""
+
+
+def test_a_failing_worker_is_reported_not_hung():
+    from toybench.scheduler import Job, execute
+
+    cfg = AlgoConfig(group_size=4, train_groups=4, mini_batch_groups=2, expected_len=4, cache_len=2)
+    good = Job(((("x", "a", 0), RunSpec(task="zero_grad", cfg=cfg, steps=400, lr=1.0)),), batched=True)
+    bad = Job(((("x", "b", 0), RunSpec(task="no_such_task", cfg=cfg, steps=1, lr=1.0)),), batched=True)
+    with pytest.raises(RuntimeError, match=r"toy worker failed on job 1:(.|\n)*unknown task 'no_such_task'"):
+        execute([good, bad], workers=2, show_progress=False)

@@ -1,0 +1,492 @@
+"""The batched toy engine: many tabular runs (seeds, and arms that share a task) trained as
+one tensor computation, with the same result as :func:`toybench.runner.train` per run.
+
+A run is a :class:`~toybench.runner.RunSpec`. Runs that share a :func:`batch_key` (task,
+horizon, learning rate, batch geometry) are stacked: one softmax table per run,
+``W[run, prompt, position, path, token]``, trained by one SGD optimizer, while each run
+keeps its own ``torch.Generator``. Everything random is drawn per run, in the order and
+with the shapes :func:`~toybench.runner.train` draws it, so a run's trajectory does not
+depend on which runs share its batch. Everything else (sampling, verification, dynamic
+sampling's bookkeeping, advantages, the clipped loss, optimizer steps, metrics) is one
+batched computation with the DAPO core's functions over a leading run dimension.
+
+Runs may differ in every ``AlgoConfig`` knob except the batch geometry (``group_size``,
+``train_groups``): clip ranges, aggregation, overlong treatment, dynamic sampling,
+mini-batch windows and epochs. A window a run does not have (fewer epochs or windows)
+leaves that run's table exactly as it is: its gradient is zero and SGD adds ``-lr * 0``.
+
+Arithmetic. The gradient each run receives is bit-for-bit the one ``dapo.update`` computes
+for it alone (per-token terms are elementwise; a run's rows accumulate into its own slice
+of the table in the same order; the rows outside a window contribute exact zeros), so
+trajectories (sampled tokens, tables, exact accuracies) are bitwise identical to the
+per-run loop. Reported reductions over a run's tokens (loss, clip fractions, grad norm)
+may differ from the loop's in the last bits. Not covered, and run by the per-run loop
+instead: the GRU policy (its parameters are shared across a batch) and the injected
+engine noise of the health checks. ``max_grad_norm`` is honoured per run, but there the
+clip factor depends on the grad norm's last bits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from dapo import AlgoConfig, config_advantages, config_reward, masked_mean, policy_loss, rollout_stats, uniform_groups
+from dapo.loss import window_denominator
+
+from .policies import EOS, TabularPolicy, exact_accuracy, exact_lengths, sample_table, table_cdf, table_logp_entropy
+from .runner import SIM_TAILS, RunSpec, _best_paths, _long_prompts, make_task, round_times
+from .tasks import episode_end, verify
+
+Log = list[dict[str, float]]
+
+
+def batch_key(spec: RunSpec) -> tuple | None:
+    """Runs with equal keys can share a batch; None for a run only the per-run loop can do."""
+    if spec.policy != "tabular" or spec.engine_noise > 0:
+        return None
+    c = spec.cfg
+    return (spec.task, tuple(sorted(spec.task_kwargs.items())), spec.steps, spec.lr, spec.init_noise,
+            c.group_size, c.train_groups)
+
+
+@dataclass
+class _Round:
+    """One generation round of the active runs, rows run-major."""
+
+    run: Tensor  # [n] run index of each row
+    prompts: Tensor
+    tokens: Tensor
+    lengths: Tensor
+    truncated: Tensor
+    correct: Tensor
+    on_track: Tensor
+    rewards: Tensor
+
+
+def train_many(specs: Sequence[RunSpec], progress: Callable[[int], None] | None = None) -> list[Log]:
+    """Train every spec (all sharing one :func:`batch_key`) and return one log per spec,
+    as :func:`toybench.runner.train` would. ``progress(k)`` is called after each step
+    with the number of run-steps just done."""
+    specs = list(specs)
+    if not specs:
+        return []
+    keys = {batch_key(s) for s in specs}
+    if None in keys or len(keys) != 1:
+        raise ValueError("train_many needs tabular runs without engine noise that share one batch_key")
+    return _Engine(specs).run(progress)
+
+
+class _Members:
+    """Runs that share the scalar knobs of one batched core call."""
+
+    def __init__(self, cfg: AlgoConfig, members: list[int], n_runs: int):
+        self.cfg = cfg
+        self.index = None if len(members) == n_runs else torch.tensor(members)
+
+    def pick(self, x: Tensor) -> Tensor:
+        return x if self.index is None else x[self.index]
+
+    def put(self, dst: Tensor, value: Tensor) -> None:
+        if self.index is None:
+            dst.copy_(value)
+        else:
+            dst[self.index] = value
+
+
+class _Engine:
+    def __init__(self, specs: list[RunSpec]):
+        self.specs = specs
+        self.cfgs: list[AlgoConfig] = [s.cfg for s in specs]
+        self.task = task = make_task(specs[0])
+        for c in self.cfgs:
+            if c.max_len != task.max_len:
+                raise ValueError(f"cfg.expected_len + cfg.cache_len = {c.max_len} must equal the task's "
+                                 f"max_len {task.max_len}")
+        self.R = R = len(specs)
+        self.G = specs[0].cfg.group_size
+        self.n_groups = specs[0].cfg.train_groups
+        self.gens = []
+        tables = []
+        for s in specs:
+            gen = torch.Generator().manual_seed(s.seed)
+            tables.append(TabularPolicy(task, gen, init_noise=s.init_noise).table.detach())
+            self.gens.append(gen)
+        self.table = torch.nn.Parameter(torch.stack(tables))
+        self.optimizer = torch.optim.SGD([self.table], lr=specs[0].lr)
+        self.best = _best_paths(task)
+        self.long = _long_prompts(task)
+        self.q_best = task.quality.argmax(1, keepdim=True)
+        self.q_worst = task.quality.argmin(1, keepdim=True)
+        self.groups = {name: [_Members(c, m, R) for c, m in g] for name, g in _config_groups(self.cfgs).items()}
+        cfgs = self.cfgs
+        self.max_rounds = torch.tensor([c.max_gen_rounds for c in cfgs])
+        self.ds = torch.tensor([c.dynamic_sampling for c in cfgs])
+        self.excl = torch.tensor([c.overlong_filter and c.filtered_group_stats == "excluded" for c in cfgs])
+        self.filt = torch.tensor([c.overlong_filter for c in cfgs])
+        self.epochs = torch.tensor([c.ppo_epochs for c in cfgs])
+        self.mbg = torch.tensor([c.mini_batch_groups for c in cfgs])
+        clip = [c.max_grad_norm for c in cfgs]
+        self.clip = None if all(c is None for c in clip) else torch.tensor(
+            [math.inf if c is None else c for c in clip], dtype=torch.float64)
+
+    def logp_entropy(self, run: Tensor, prompts: Tensor, tokens: Tensor, entropy: bool = True
+                     ) -> tuple[Tensor, Tensor | None]:
+        return table_logp_entropy(self.table, prompts, tokens, run=run, entropy=entropy)
+
+    # -- one generation round for the active runs --------------------------------------------
+    @torch.no_grad()
+    def generate(self, active: list[int], cdf: Tensor) -> _Round:
+        task, g = self.task, self.G
+        b = self.n_groups * g
+        t = task.max_len
+        prompts, uniforms = [], []
+        for r in active:  # each run's own stream, in the order and sizes runner.rollout_round draws
+            gen = self.gens[r]
+            prompts.append(torch.randint(task.num_prompts, (self.n_groups,), generator=gen))
+            # one draw for the three of rollout_round (first token, later tokens, verifier):
+            # the CPU generator fills doubles sequentially (the equivalence test checks it)
+            uniforms.append(torch.rand(b + b * (t - 1) + b, generator=gen, dtype=torch.float64))
+        n = len(active)
+        u = torch.stack(uniforms)
+        run = torch.tensor(active).repeat_interleave(b)
+        p = torch.stack(prompts).repeat_interleave(g, dim=1).view(-1)
+        tokens = sample_table(cdf, p, u[:, :b].reshape(-1), u[:, b : b * t].reshape(n * b, t - 1), run=run)
+        lengths, truncated = episode_end(tokens, t)
+        out = verify(task, p, tokens, lengths, truncated, u[:, b * t :].reshape(-1))
+        groups = self.groups["reward"]
+        if len(groups) == 1:
+            rewards = config_reward(out.correct, lengths, groups[0].cfg).to(torch.float64)
+        else:
+            rewards = torch.empty(len(p), dtype=torch.float64)
+            for grp in groups:
+                rows = torch.isin(run, grp.index) if grp.index is not None else slice(None)
+                rewards[rows] = config_reward(out.correct[rows], lengths[rows], grp.cfg).to(torch.float64)
+        return _Round(run, p, tokens, lengths, truncated, out.correct, out.on_track, rewards)
+
+    # -- training -----------------------------------------------------------------------------
+    def run(self, progress: Callable[[int], None] | None) -> list[Log]:
+        logs: list[Log] = [[] for _ in range(self.R)]
+        totals = [[0.0, 0.0, 0.0] for _ in range(self.R)]
+        sim_totals = [dict.fromkeys(SIM_TAILS, 0.0) for _ in range(self.R)]
+        for step in range(self.specs[0].steps):
+            self.step = step
+            policy = self.policy_metrics()
+            batch, sampling, on_track = self.sample()
+            actor = self.update(batch, step)
+            for r in range(self.R):
+                m: dict[str, float] = {"step": float(step)}
+                m.update(policy[r])
+                m.update(sampling[r])
+                m.update(actor[r])
+                tot = totals[r]
+                tot[0] += m["sampling/generated_groups"] * self.G
+                tot[1] += m["sampling/generated_tokens"]
+                tot[2] += m["actor/optimizer_steps"]
+                m["toy/truncated_on_track"], gen_time = on_track[r]
+                m["cost/responses_total"], m["cost/tokens_total"], m["cost/optimizer_steps_total"] = tot
+                for name, t in gen_time.items():
+                    sim_totals[r][name] += t
+                    m[f"toy/gen_time_{name}"] = t
+                    m[f"cost/gen_time_{name}_total"] = sim_totals[r][name]
+                logs[r].append(m)
+            if progress is not None:
+                progress(self.R)
+        return logs
+
+    @torch.no_grad()
+    def policy_metrics(self) -> list[dict[str, float]]:
+        """``runner._policy_metrics`` for the tabular policy, every run at once."""
+        table = self.table.detach()
+        first = torch.softmax(table[:, :, 0, 0], dim=-1)  # [R, P, V]
+        best = first.gather(2, self.best.view(1, -1, 1).expand(self.R, -1, 1)).squeeze(-1).mean(-1)
+        acc = exact_accuracy(table, self.task)
+        lengths = exact_lengths(table, self.task)
+        cols = [best, acc.mean(-1),
+                lengths.gather(2, self.q_best.expand(self.R, -1, -1)).squeeze(-1).mean(-1),
+                lengths.gather(2, self.q_worst.expand(self.R, -1, -1)).squeeze(-1).mean(-1)]
+        names = ["toy/best_path_prob", "toy/expected_accuracy", "toy/length_best_path", "toy/length_worst_path"]
+        if bool(self.long.any()):
+            cols.append(acc[:, self.long].mean(-1))
+            names.append("toy/expected_accuracy_long")
+        values = torch.stack(cols, 1).tolist()
+        return [dict(zip(names, row)) for row in values]
+
+    def sample(self) -> tuple[dict[str, Tensor], list[dict[str, float]], list[float]]:
+        """Generation rounds until every run's dynamic sampler is done (a run that is done
+        draws nothing more), then each run's batch as [R, B, ...] with a ``valid`` mask.
+        ``DynamicSampler``'s rules and accounting, for all runs at once."""
+        R, G, target = self.R, self.G, self.n_groups
+        rounds = torch.zeros(R, dtype=torch.long)
+        accepted = torch.zeros(R, dtype=torch.long)
+        rejected = torch.zeros(R, 2, dtype=torch.long)
+        parts: list[_Round] = []
+        seen_run, kept_run, kept_gid = [], [], []
+        offset = 0  # groups generated so far this step
+        gen_time = {name: torch.zeros(R, dtype=torch.float64) for name in SIM_TAILS}
+        cdf = table_cdf(self.table.detach())
+        while True:
+            live = (accepted < target) & (rounds < self.max_rounds)
+            if not bool(live.any()):
+                break
+            active_t = live.nonzero().view(-1)
+            active = active_t.tolist()
+            rd = self.generate(active, cdf)
+            parts.append(rd)
+            n = len(active_t)
+            rnd = rounds[active_t]  # every active run is on the same round: rounds advance together
+            times = round_times(rd.lengths.view(n, -1), [self.specs[r].seed for r in active], self.step,
+                                int(rnd[0]))
+            for name, t in times.items():
+                gen_time[name][active_t] += t
+            correct = rd.correct.view(n, -1)
+            all_c, all_w = uniform_groups(correct, G)
+            excl = self.excl[active_t].unsqueeze(1)
+            if bool(excl.any()):
+                ex_c, ex_w = uniform_groups(correct, G, rd.truncated.view(n, -1))
+                all_c, all_w = torch.where(excl, ex_c, all_c), torch.where(excl, ex_w, all_w)
+            ds = self.ds[active_t].unsqueeze(1)
+            keep = ~ds | ~(all_c | all_w)
+            rounds[active_t] += 1
+            rejected[active_t] += torch.stack([(all_c & ds).sum(1), (all_w & ds).sum(1)], 1)
+            accepted[active_t] += keep.sum(1)
+            run_of_group = active_t.repeat_interleave(target)
+            seen_run.append(run_of_group)
+            kept_run.append(run_of_group[keep.view(-1)])
+            kept_gid.append((offset + torch.arange(n * target))[keep.view(-1)])
+            offset += n * target
+        data = _cat_rounds(parts, G)  # rows of every round, then one sentinel group
+        all_runs = torch.cat(seen_run)
+        seen_idx, seen_valid = _slots(all_runs, torch.arange(offset), R, int(rounds.max()) * target, offset, G)
+        batch_idx, valid = _slots(torch.cat(kept_run), torch.cat(kept_gid), R, target, offset, G)
+        lengths_seen = data["lengths"][seen_idx]
+        truncated_seen = data["truncated"][seen_idx]
+        stats = rollout_stats(correct=data["correct"][seen_idx], lengths=lengths_seen, truncated=truncated_seen,
+                              rewards=data["rewards"][seen_idx], group_size=G, valid=seen_valid)
+        n_truncated = truncated_seen.sum(1)
+        on_track = data["on_track"][seen_idx].sum(1)
+        generated_tokens = lengths_seen.sum(1).double()
+        acc = accepted.clamp(max=target).double()
+        nan = torch.full((R,), math.nan, dtype=torch.float64)
+        cols = torch.stack([
+            *stats.values(),
+            rounds.double(), (seen_valid.sum(1) // G).double(), generated_tokens,
+            acc, rejected[:, 0].double(), rejected[:, 1].double(), accepted.double() - acc,
+            (accepted < target).double(),
+            torch.where(acc > 0, generated_tokens / acc.clamp(min=1), nan),
+            *gen_time.values(),
+            torch.where(n_truncated > 0, on_track.double() / n_truncated.clamp(min=1), nan),
+        ], 1).tolist()
+        names = [*stats, "sampling/rounds", "sampling/generated_groups", "sampling/generated_tokens",
+                 "sampling/accepted_groups", "sampling/rejected_all_correct", "sampling/rejected_all_wrong",
+                 "sampling/surplus_groups", "sampling/underfilled", "sampling/tokens_per_accepted_group"]
+        metrics = [dict(zip(names, row[: len(names)])) for row in cols]
+        extra = [dict(zip(gen_time, row[len(names) : -1])) for row in cols]
+        batch = {k: v[batch_idx] for k, v in data.items()}
+        batch["valid"] = valid
+        batch["run"] = torch.arange(R).unsqueeze(1).expand_as(batch_idx)
+        batch["n_rows"] = valid.sum(1)
+        return batch, metrics, [(row[-1], extra[i]) for i, row in enumerate(cols)]
+
+    def update(self, batch: dict[str, Tensor], step: int) -> list[dict[str, float]]:
+        """``dapo.update`` for every run at once: the same windows, normalisers, skips and
+        metrics, with one backward and one SGD step per window slot."""
+        R, G = self.R, self.G
+        n_rows = batch["n_rows"]
+        has = n_rows > 0
+        mask = batch["mask"]
+        with torch.no_grad():
+            old_logp, _ = self.logp_entropy(batch["run"], batch["prompts"], batch["tokens"], entropy=False)
+        old_logp = torch.where(mask, old_logp, torch.zeros_like(old_logp))
+        adv = torch.zeros(mask.shape[:2], dtype=torch.float64)
+        for grp in self.groups["advantage"]:
+            grp.put(adv, config_advantages(grp.pick(batch["rewards"]), grp.pick(batch["correct"]),
+                                           grp.pick(batch["lengths"]), grp.pick(batch["truncated"]), G, grp.cfg))
+        filtered = batch["truncated"] & self.filt.unsqueeze(1)
+        loss_mask = mask & ~filtered.unsqueeze(-1)
+        # windows: each run's responses in batch order, cut into ceil(groups / mini_batch) pieces
+        n_win = torch.clamp((n_rows // G + self.mbg - 1) // self.mbg, min=1)
+        win = _split_ids(n_rows, n_win, mask.shape[1])  # [R, B] window of each row (-1: none)
+        nan_runs = [step in s.nan_steps for s in self.specs]
+        acc = _Acc(R)
+        shape = (R,) + (1,) * (self.table.dim() - 1)
+        for epoch in range(int(self.epochs.max())):
+            for w in range(int(n_win.max())):
+                live = has & (epoch < self.epochs) & (w < n_win)
+                if not bool(live.any()):
+                    continue
+                in_win = (win == w) & live.unsqueeze(1)
+                # the rows any run uses in this slot (a window's rows when runs share a geometry)
+                used = in_win.any(0).nonzero()
+                rows = slice(int(used[0]), int(used[-1]) + 1)
+                in_win = in_win[:, rows]
+                slot_mask = loss_mask[:, rows] & in_win.unsqueeze(-1)
+                denom = torch.zeros(R, dtype=torch.float64)
+                for grp in self.groups["loss"]:
+                    grp.put(denom, window_denominator(grp.pick(slot_mask), grp.cfg.loss_agg, grp.cfg.norm_const))
+                stepping = live & (denom > 0)
+                acc.empty_windows += live & (denom == 0)
+                if not bool(stepping.any()):
+                    continue
+                self.optimizer.zero_grad(set_to_none=True)
+                logp, entropy = self.logp_entropy(batch["run"][:, rows], batch["prompts"][:, rows],
+                                                  batch["tokens"][:, rows], entropy=epoch == 0)
+                if any(nan_runs):
+                    logp = torch.where(torch.tensor(nan_runs).view(R, 1, 1), logp * float("nan"), logp)
+                loss = torch.zeros(R, dtype=torch.float64)
+                stats = torch.zeros(R, len(_STATS), dtype=torch.float64)
+                total = torch.zeros((), dtype=torch.float64)
+                for grp in self.groups["loss"]:
+                    c = grp.cfg
+                    li, si = policy_loss(grp.pick(logp), grp.pick(old_logp[:, rows]), grp.pick(adv[:, rows]),
+                                         grp.pick(slot_mask),
+                                         eps_low=c.eps_low, eps_high=c.eps_high, clip_ratio_c=c.clip_ratio_c,
+                                         agg=c.loss_agg, agg_denominator=grp.pick(denom), norm_const=c.norm_const)
+                    total = total + torch.where(grp.pick(stepping), li, torch.zeros_like(li)).sum()
+                    grp.put(loss, li.detach())
+                    grp.put(stats, torch.stack([si[k] for k in _STATS], 1))
+                total.backward()
+                grad = self.table.grad
+                norm = torch.linalg.vector_norm(grad.flatten(1), dim=1)
+                took = stepping & torch.isfinite(loss) & torch.isfinite(norm)
+                if self.clip is not None:  # clip_grad_norm_'s arithmetic, per run
+                    grad.mul_((self.clip / (norm + 1e-6)).clamp(max=1.0).view(shape))
+                if not bool(took.all()):
+                    self.table.grad = torch.where(took.view(shape), grad, torch.zeros_like(grad))
+                self.optimizer.step()
+                ent_mask = mask[:, rows] & in_win.unsqueeze(-1)
+                acc.add(stats, loss, norm, took, stepping & ~took, entropy if epoch == 0 else None, ent_mask)
+        self.optimizer.zero_grad(set_to_none=True)
+        finish = acc.finish()
+        mean_prob = masked_mean(torch.exp(old_logp), mask, dims=2)
+        extra = torch.stack([mean_prob, loss_mask.sum((1, 2)).double(), filtered.sum(1).double()], 1).tolist()
+        has_l = has.tolist()
+        out = []
+        for r in range(R):
+            if not has_l[r]:  # no informative group at all: dapo.update returns early
+                out.append({"actor/optimizer_steps": 0.0, "actor/skipped_steps": 0.0})
+                continue
+            m = finish[r]
+            m["actor/mean_prob"], m["actor/loss_tokens"], m["actor/filtered_responses"] = extra[r]
+            out.append(m)
+        return out
+
+
+_TOKEN_STATS = ("clipfrac_upper", "clipfrac_lower", "dual_clipfrac", "approx_kl")
+_STATS = ("n_tokens", *_TOKEN_STATS, "n_upclip", "upclip_old_prob")
+
+
+class _Acc:
+    """``dapo.update._Sums`` for every run at once (a window's statistics count only where
+    its step was taken)."""
+
+    def __init__(self, R: int):
+        self.empty_windows = torch.zeros(R, dtype=torch.long)
+        # steps, skipped, loss, norm, tokens, 4 x weighted stat, n_upclip, upclip prob, entropy tokens, sum
+        self.sums = torch.zeros(R, 13, dtype=torch.float64)
+        self.norm_max = torch.full((R,), -math.inf, dtype=torch.float64)
+
+    def add(self, stats: Tensor, loss: Tensor, norm: Tensor, took: Tensor, skipped: Tensor,
+            entropy: Tensor | None, ent_mask: Tensor) -> None:
+        n = stats[:, 0]
+        k_up = stats[:, 5]
+        if entropy is not None:
+            ent_tokens = ent_mask.sum((1, 2)).double()
+            ent_sum = torch.where(ent_mask, entropy.to(torch.float64), 0.0).sum((1, 2))
+        else:
+            ent_tokens = ent_sum = torch.zeros_like(n)
+        row = torch.stack([torch.ones_like(n), torch.zeros_like(n), loss, norm, n, *(stats[:, 1:5] * n.unsqueeze(1)).T,
+                           k_up, torch.where(k_up > 0, stats[:, 6] * k_up, 0.0), ent_tokens, ent_sum], 1)
+        self.sums += torch.where(took.unsqueeze(1), row, 0.0)
+        self.sums[:, 1] += skipped.double()
+        self.norm_max = torch.where(took, torch.maximum(self.norm_max, norm), self.norm_max)
+
+    def finish(self) -> list[dict[str, float]]:
+        s = self.sums
+        nan = torch.full_like(s[:, 0], math.nan)
+
+        def ratio(a: Tensor, b: Tensor) -> Tensor:
+            return torch.where(b > 0, a / torch.where(b > 0, b, 1.0), nan)
+
+        steps = s[:, 0]
+        cols = [steps, s[:, 1]]
+        cols += [ratio(s[:, 5 + i], s[:, 4]) for i in range(len(_TOKEN_STATS))]
+        cols += [ratio(s[:, 10], s[:, 9]), ratio(s[:, 12], s[:, 11]), ratio(s[:, 2], steps), ratio(s[:, 3], steps),
+                 torch.where(steps > 0, self.norm_max, nan), self.empty_windows.double()]
+        names = ["actor/optimizer_steps", "actor/skipped_steps", *(f"actor/{k}" for k in _TOKEN_STATS),
+                 "actor/upclip_old_prob", "actor/entropy", "actor/loss", "actor/grad_norm", "actor/grad_norm_max",
+                 "actor/empty_windows"]
+        return [dict(zip(names, row)) for row in torch.stack(cols, 1).tolist()]
+
+
+def _split_ids(n_rows: Tensor, n_win: Tensor, width: int) -> Tensor:
+    """The window of each row under ``torch.tensor_split(arange(n_rows), n_win)``, per run
+    ([R, width]; -1 beyond a run's rows)."""
+    i = torch.arange(width).unsqueeze(0)
+    n, k = n_rows.unsqueeze(1), n_win.unsqueeze(1)
+    q, rem = n // k, n % k
+    boundary = rem * (q + 1)
+    big = i // (q + 1)
+    small = rem + (i - boundary) // q.clamp(min=1)
+    win = torch.where(i < boundary, big, small)
+    return torch.where(i < n, win, torch.full_like(win, -1))
+
+
+def _cat_rounds(parts: list[_Round], group_size: int) -> dict[str, Tensor]:
+    """Every round's rows in order, then one sentinel group of empty responses."""
+    t = parts[0].tokens.shape[1]
+    g = group_size
+
+    def cat(name: str, pad: Tensor) -> Tensor:
+        return torch.cat([getattr(p, name) for p in parts] + [pad])
+
+    data = {
+        "prompts": cat("prompts", torch.zeros(g, dtype=torch.long)),
+        "tokens": cat("tokens", torch.full((g, t), EOS, dtype=torch.long)),
+        "lengths": cat("lengths", torch.zeros(g, dtype=torch.long)),
+        "truncated": cat("truncated", torch.zeros(g, dtype=torch.bool)),
+        "correct": cat("correct", torch.zeros(g, dtype=torch.bool)),
+        "on_track": cat("on_track", torch.zeros(g, dtype=torch.bool)),
+        "rewards": cat("rewards", torch.zeros(g, dtype=torch.float64)),
+    }
+    data["mask"] = torch.arange(t).unsqueeze(0) < data["lengths"].unsqueeze(1)
+    return data
+
+
+def _slots(run: Tensor, gid: Tensor, n_runs: int, width: int, sentinel: int, group_size: int
+           ) -> tuple[Tensor, Tensor]:
+    """Row indices [R, width * G] of each run's first ``width`` groups (``gid``, listed in
+    generation order with their ``run``), padded with the sentinel group; and the valid mask."""
+    order = torch.argsort(run, stable=True)
+    r, g = run[order], gid[order]
+    counts = torch.bincount(r, minlength=n_runs)
+    rank = torch.arange(len(r)) - (torch.cumsum(counts, 0) - counts)[r]
+    keep = rank < width
+    slots = torch.full((n_runs, width), sentinel, dtype=torch.long)
+    slots[r[keep], rank[keep]] = g[keep]
+    rows = (slots.unsqueeze(-1) * group_size + torch.arange(group_size)).view(n_runs, -1)
+    valid = (slots != sentinel).repeat_interleave(group_size, dim=1)
+    return rows, valid
+
+
+def _config_groups(cfgs: list[AlgoConfig]) -> dict[str, list[tuple[AlgoConfig, list[int]]]]:
+    """Runs grouped by the knobs each batched core call takes as scalars."""
+    keys: dict[str, Callable[[AlgoConfig], tuple]] = {
+        "reward": lambda c: (c.soft_overlong, c.expected_len, c.cache_len, c.overlong_penalty_factor),
+        "advantage": lambda c: (c.overlong_filter, c.filtered_group_stats, c.adv_eps, c.adv_std_norm,
+                                c.soft_overlong, c.expected_len, c.cache_len),
+        "loss": lambda c: (c.eps_low, c.eps_high, c.clip_ratio_c, c.loss_agg, c.norm_const),
+    }
+    out: dict[str, list[tuple[AlgoConfig, list[int]]]] = {}
+    for name, key in keys.items():
+        groups: dict[tuple, list[int]] = {}
+        first: dict[tuple, AlgoConfig] = {}
+        for r, c in enumerate(cfgs):
+            groups.setdefault(key(c), []).append(r)
+            first.setdefault(key(c), c)
+        out[name] = [(first[k], members) for k, members in groups.items()]
+    return out
