@@ -46,7 +46,10 @@ def _same(a: list[tuple], b: list[tuple]) -> bool:
             return (math.isnan(x) and math.isnan(y)) or abs(x - y) <= 1e-9
         return x == y
 
-    return len(a) == len(b) and all(close(x, y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+    differ = [(ra, rb) for ra, rb in zip(a, b) if not all(close(x, y) for x, y in zip(ra, rb))]
+    for ra, rb in differ[:5]:
+        print("differs:", ra, rb, flush=True)
+    return len(a) == len(b) and not differ
 
 
 def measure(name: str, experiments, jobs: int, confirm: bool) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
 import queue
 import time
 import traceback
@@ -93,7 +94,9 @@ def _take(cursor) -> int:
     return i
 
 
-def _worker(jobs: list[Job], cursor, counter, results) -> None:
+def _worker(jobs: list[Job], cursor, counter, results, parent: int) -> None:
+    import os
+
     import torch
 
     torch.set_num_threads(1)
@@ -102,7 +105,7 @@ def _worker(jobs: list[Job], cursor, counter, results) -> None:
         with counter.get_lock():
             counter.value += k
 
-    while (i := _take(cursor)) < len(jobs):
+    while os.getppid() == parent and (i := _take(cursor)) < len(jobs):  # an orphan stops after its job
         try:
             results.put((i, run_job(jobs[i], on_step), None))
         except BaseException:  # reported to the parent, which raises
@@ -134,7 +137,7 @@ def execute(jobs: list[Job], workers: int = 1, label: str = "toy runs", show_pro
             return [done[i] for i in range(len(jobs))]
         ctx = mp.get_context("spawn")
         cursor, counter, results = ctx.Value("i", 0), ctx.Value("q", 0), ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(jobs, cursor, counter, results), daemon=True)
+        procs = [ctx.Process(target=_worker, args=(jobs, cursor, counter, results, os.getpid()), daemon=True)
                  for _ in range(min(workers, len(jobs)) - 1)]
         for p in procs:
             p.start()
