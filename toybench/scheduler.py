@@ -95,8 +95,6 @@ def _take(cursor) -> int:
 
 
 def _worker(jobs: list[Job], cursor, counter, results, parent: int) -> None:
-    import os
-
     import torch
 
     torch.set_num_threads(1)

@@ -30,8 +30,14 @@ def paired_interval(diffs: "list[float] | np.ndarray", confidence: float = 0.95)
 
     NaN differences (a metric undefined for that seed) are dropped and the count reported.
     Identical differences (e.g. a control whose arms are the same computation) give a
-    zero-width interval at that value."""
-    d = np.asarray([x for x in diffs if not math.isnan(x)], dtype=np.float64)
+    zero-width interval at that value.
+
+    The differences are rounded to 12 significant digits first. BCa is discontinuous in
+    its data: its bias correction counts the resamples whose mean falls below the
+    observed one, and a resample that repeats the sample ties with it up to rounding. So
+    a last-bit change (another summation order, another machine's SIMD) would move the
+    endpoints by ~1e-5; rounded data give the same interval."""
+    d = np.asarray([float(f"{x:.12g}") for x in diffs if not math.isnan(x)], dtype=np.float64)
     if d.size == 0:
         return Interval(math.nan, math.nan, math.nan, 0)
     mean = float(d.mean())
