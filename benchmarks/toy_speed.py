@@ -2,7 +2,8 @@
 per-run loop, measured in the same run on the same machine. Writes
 benchmarks/results/toy_speed.json.
 
-    python benchmarks/toy_speed.py            # ~6 minutes on 2 cores (the loop is the slow part)
+    python benchmarks/toy_speed.py            # ~11 minutes on 2 cores (the loop is the slow part)
+    python benchmarks/toy_speed.py --only ladder_both_blocks
 
 Measured, each with ``jobs`` = CPU count, after the interpreter has imported the package
 (the CLI adds ~2 s of imports):
@@ -18,6 +19,7 @@ batched time meets the 10 s goal.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -63,7 +65,7 @@ def measure(name: str, experiments, jobs: int, confirm: bool) -> dict:
         out[engine] = {"wall_seconds": round(wall, 2),
                        "sampled_tokens": sum(r.sampled_tokens() for r in results),
                        "seeds_per_arm": len(results[0].seeds),
-                       "verdicts": {r.experiment.name: r.primary.verdict for r in results}}
+                       "verdicts": {r.experiment.name: r.primary.verdict for r in results if r.contrasts}}
     # and every per-seed summary (the ladder has no contrasts), to rounding
     def summaries(results):
         return [(r.experiment.name, k, a, i, x) for r in results for k, per in r.summaries.items()
@@ -78,24 +80,34 @@ def measure(name: str, experiments, jobs: int, confirm: bool) -> dict:
     return out
 
 
-def main() -> None:
+PARTS = {
+    "run_all_both_blocks": ("run all", lambda: list(REGISTRY.values()), True),
+    "run_all_discovery_only": ("run all --no-confirm", lambda: list(REGISTRY.values()), False),
+    "ladder_both_blocks": ("ladder", lambda: [ladder_experiment()], True),
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="+", choices=list(PARTS), default=list(PARTS),
+                    help="measure these parts and keep the others already in the results file")
+    args = ap.parse_args(argv)
     cores = os.cpu_count() or 1
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    experiments = list(REGISTRY.values())
-    out = {
+    path = Path(__file__).parent / "results" / "toy_speed.json"
+    out = json.loads(path.read_text()) if path.exists() and args.only != list(PARTS) else {}
+    out.update({
         "benchmark": "toy regime: batched engine vs per-run loop",
         "command": "python benchmarks/toy_speed.py",
-        "commit": commit,
         "machine": {"cores": cores, "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "torch": torch.__version__},
         "target_wall_seconds": TARGET_WALL_S,
         "jobs": cores,
-        "run_all_both_blocks": measure("run all", experiments, cores, confirm=True),
-        "run_all_discovery_only": measure("run all --no-confirm", experiments, cores, confirm=False),
-        "ladder_both_blocks": measure("ladder", [ladder_experiment()], cores, confirm=True),
-    }
-    path = Path(__file__).parent / "results" / "toy_speed.json"
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    })
+    for key in args.only:
+        name, experiments, confirm = PARTS[key]
+        out[key] = {"commit": commit, **measure(name, experiments(), cores, confirm)}
+        path.write_text(json.dumps(out, indent=2) + "\n")  # after each part: a crash keeps what was measured
     print(json.dumps(out, indent=2))
 
 
