@@ -153,9 +153,6 @@ def at_budget(metric: str, x: str, budget: float) -> Callable[[Log], float]:
 
 # ---- running -------------------------------------------------------------------------------
 
-BLOCKS = ("discovery", "confirmation")
-
-
 def seed_blocks(n: int, start: int = 0, confirm: bool = True) -> dict[str, list[int]]:
     """The discovery block ``start .. start + n - 1`` and the disjoint confirmation block
     that follows it (``start + n .. start + 2n - 1``); without ``confirm``, discovery only."""
@@ -185,10 +182,6 @@ class ContrastResult:
     def interval(self) -> Interval:
         """The discovery block's interval."""
         return self.blocks["discovery"].interval
-
-    @property
-    def per_seed(self) -> list[float]:
-        return self.blocks["discovery"].per_seed
 
     @property
     def fragile(self) -> bool:
