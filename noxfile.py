@@ -74,8 +74,16 @@ def report(session: nox.Session) -> None:
     if not os.path.exists("runs/toy/summary.json"):
         session.run("dapo", "toy", "run", "all", "--seeds", "10", "--out", "runs/toy")
     for name in EXPERIMENTS:
-        session.run("dapo", "diagnose", f"runs/toy/{name}/metrics.jsonl", "--reference", "none",
-                    "--report", f"runs/report/{name}", silent=True)
+        session.run(
+            "dapo",
+            "diagnose",
+            f"runs/toy/{name}/metrics.jsonl",
+            "--reference",
+            "none",
+            "--report",
+            f"runs/report/{name}",
+            silent=True,
+        )
     session.run("dapo", "toy", "health", "--seeds", "10", "--out", "runs/report/health")
 
 
@@ -85,9 +93,27 @@ def scale_smoke(session: nox.Session) -> None:
     _install(session, "scale,scale-cpu")
     out = "runs/scale-smoke"
     session.run("dapo", "train", "--config", "tiny-cpu", f"output.dir={out}", *session.posargs, env=CPU_ENV)
-    session.run("dapo", "eval", "--model", f"{out}/checkpoints/step_000003", "--data", "runs/tiny-data/eval.jsonl",
-                "--k", "8", "--max-new-tokens", "16", "--template", "none", "--dtype", "float32",
-                "--gpu-memory-utilization", "0.2", "--out", f"{out}/eval.json", env=CPU_ENV)
+    session.run(
+        "dapo",
+        "eval",
+        "--model",
+        f"{out}/checkpoints/step_000003",
+        "--data",
+        "runs/tiny-data/eval.jsonl",
+        "--k",
+        "8",
+        "--max-new-tokens",
+        "16",
+        "--template",
+        "none",
+        "--dtype",
+        "float32",
+        "--gpu-memory-utilization",
+        "0.2",
+        "--out",
+        f"{out}/eval.json",
+        env=CPU_ENV,
+    )
     session.run("dapo", "diagnose", out, env=CPU_ENV)
 
 
@@ -113,8 +139,17 @@ def scale(session: nox.Session) -> None:
     session.install("-e", ".[scale,vllm]")
     if plan_args:
         session.run("dapo", "plan", "--config", config, *plan_args, *rest)
-    session.run("dapo", "train", "--config", config, "--require-gate", "--resume", "auto",
-                *(["--force"] if force else []), *rest)
+    session.run(
+        "dapo",
+        "train",
+        "--config",
+        config,
+        "--require-gate",
+        "--resume",
+        "auto",
+        *(["--force"] if force else []),
+        *rest,
+    )
 
 
 @nox.session
@@ -139,6 +174,8 @@ def mutation(session: nox.Session) -> None:
     if "--skip-seeded" in args:
         args.remove("--skip-seeded")
     else:
-        session.run("python", "tests/mutation/seeded_bugs.py", "--out", "reports/mutation/seeded.json", env=env)
+        session.run(
+            "python", "tests/mutation/seeded_bugs.py", "--out", "reports/mutation/seeded.json", env=env
+        )
     session.run("mutmut", "run", "--max-children", str(os.cpu_count() or 1), *args, env=env)
     session.run("python", "tests/mutation/report.py", "--out", "reports/mutation", env=env)

@@ -57,8 +57,18 @@ def child(path: str, tokens: int, hidden: int, chunk: int, out: str) -> None:
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     secs = time.perf_counter() - t0
-    torch.save({"logp": logp.detach().cpu(), "entropy": ent.detach().cpu(), "grad_h": h.grad.cpu(),
-                "grad_w": w.grad.cpu(), "peak_bytes": peak, "seconds": secs, "device": device}, out)
+    torch.save(
+        {
+            "logp": logp.detach().cpu(),
+            "entropy": ent.detach().cpu(),
+            "grad_h": h.grad.cpu(),
+            "grad_w": w.grad.cpu(),
+            "peak_bytes": peak,
+            "seconds": secs,
+            "device": device,
+        },
+        out,
+    )
 
 
 def main() -> None:
@@ -76,19 +86,40 @@ def main() -> None:
     tmp.mkdir(exist_ok=True)
     for path in ("naive", "chunked"):
         out = tmp / f".{path}.pt"
-        subprocess.run([sys.executable, __file__, "--tokens", str(args.tokens), "--hidden", str(args.hidden),
-                        "--chunk", str(args.chunk), "--child", path, str(out)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--tokens",
+                str(args.tokens),
+                "--hidden",
+                str(args.hidden),
+                "--chunk",
+                str(args.chunk),
+                "--child",
+                path,
+                str(out),
+            ],
+            check=True,
+        )
         res[path] = torch.load(out, weights_only=True)
         out.unlink()
     a, b = res["naive"], res["chunked"]
-    diffs = {k: float((a[k].double() - b[k].double()).abs().max()) for k in ("logp", "entropy", "grad_h", "grad_w")}
+    diffs = {
+        k: float((a[k].double() - b[k].double()).abs().max()) for k in ("logp", "entropy", "grad_h", "grad_w")
+    }
     logits_bytes = args.tokens * VOCAB * 4
     report = {
         "benchmark": "chunked vs naive log-prob + entropy, forward + backward",
         "command": f"python benchmarks/logprobs_memory.py --tokens {args.tokens} --hidden {args.hidden} "
-                   f"--chunk {args.chunk}",
-        "device": a["device"], "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-        "vocab": VOCAB, "tokens": args.tokens, "hidden": args.hidden, "chunk": args.chunk,
+        f"--chunk {args.chunk}",
+        "device": a["device"],
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "vocab": VOCAB,
+        "tokens": args.tokens,
+        "hidden": args.hidden,
+        "chunk": args.chunk,
         "fp32_logits_bytes": logits_bytes,
         "naive": {"peak_bytes": a["peak_bytes"], "seconds": round(a["seconds"], 3)},
         "chunked": {"peak_bytes": b["peak_bytes"], "seconds": round(b["seconds"], 3)},

@@ -38,8 +38,20 @@ TARGET_WALL_S = 10.0
 
 
 def _intervals(results) -> list[tuple]:
-    return [(r.experiment.name, c.contrast.name, block, b.verdict, b.interval.mean, b.interval.low, b.interval.high)
-            for r in results for c in r.contrasts for block, b in c.blocks.items()]
+    return [
+        (
+            r.experiment.name,
+            c.contrast.name,
+            block,
+            b.verdict,
+            b.interval.mean,
+            b.interval.low,
+            b.interval.high,
+        )
+        for r in results
+        for c in r.contrasts
+        for block, b in c.blocks.items()
+    ]
 
 
 def _same(a: list[tuple], b: list[tuple]) -> bool:
@@ -59,20 +71,31 @@ def measure(name: str, experiments, jobs: int, confirm: bool) -> dict:
     runs = {}
     for engine in ("batched", "loop"):
         t0 = time.perf_counter()
-        results = run_experiments(experiments, seeds=10, jobs=jobs, confirm=confirm, engine=engine, progress=False)
+        results = run_experiments(
+            experiments, seeds=10, jobs=jobs, confirm=confirm, engine=engine, progress=False
+        )
         wall = time.perf_counter() - t0
         runs[engine] = results
-        out[engine] = {"wall_seconds": round(wall, 2),
-                       "sampled_tokens": sum(r.sampled_tokens() for r in results),
-                       "seeds_per_arm": len(results[0].seeds),
-                       "verdicts": {r.experiment.name: r.primary.verdict for r in results if r.contrasts}}
+        out[engine] = {
+            "wall_seconds": round(wall, 2),
+            "sampled_tokens": sum(r.sampled_tokens() for r in results),
+            "seeds_per_arm": len(results[0].seeds),
+            "verdicts": {r.experiment.name: r.primary.verdict for r in results if r.contrasts},
+        }
+
     # and every per-seed summary (the ladder has no contrasts), to rounding
     def summaries(results):
-        return [(r.experiment.name, k, a, i, x) for r in results for k, per in r.summaries.items()
-                for a, v in per.items() for i, x in enumerate(v)]
+        return [
+            (r.experiment.name, k, a, i, x)
+            for r in results
+            for k, per in r.summaries.items()
+            for a, v in per.items()
+            for i, x in enumerate(v)
+        ]
 
-    same = (_same(_intervals(runs["batched"]), _intervals(runs["loop"]))
-            and _same(summaries(runs["batched"]), summaries(runs["loop"])))
+    same = _same(_intervals(runs["batched"]), _intervals(runs["loop"])) and _same(
+        summaries(runs["batched"]), summaries(runs["loop"])
+    )
     out["speedup"] = round(out["loop"]["wall_seconds"] / out["batched"]["wall_seconds"], 2)
     out["same_verdicts_and_intervals"] = same
     out["meets_target"] = out["batched"]["wall_seconds"] <= TARGET_WALL_S
@@ -89,21 +112,34 @@ PARTS = {
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", nargs="+", choices=list(PARTS), default=list(PARTS),
-                    help="measure these parts and keep the others already in the results file")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(PARTS),
+        default=list(PARTS),
+        help="measure these parts and keep the others already in the results file",
+    )
     args = ap.parse_args(argv)
     cores = os.cpu_count() or 1
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     path = Path(__file__).parent / "results" / "toy_speed.json"
     out = json.loads(path.read_text()) if path.exists() and args.only != list(PARTS) else {}
-    out.update({
-        "benchmark": "toy regime: batched engine vs per-run loop",
-        "command": "python benchmarks/toy_speed.py",
-        "machine": {"cores": cores, "processor": platform.processor() or platform.machine(),
-                    "python": platform.python_version(), "torch": torch.__version__},
-        "target_wall_seconds": TARGET_WALL_S,
-        "jobs": cores,
-    })
+    out.update(
+        {
+            "benchmark": "toy regime: batched engine vs per-run loop",
+            "command": "python benchmarks/toy_speed.py",
+            "machine": {
+                "cores": cores,
+                "processor": platform.processor() or platform.machine(),
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+            },
+            "target_wall_seconds": TARGET_WALL_S,
+            "jobs": cores,
+        }
+    )
     for key in args.only:
         name, experiments, confirm = PARTS[key]
         out[key] = {"commit": commit, **measure(name, experiments(), cores, confirm)}

@@ -9,8 +9,14 @@ from torch import Tensor
 from .rewards import outcome_reward
 
 
-def group_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6, std_norm: bool = True,
-                     include: Tensor | None = None) -> Tensor:
+def group_advantages(
+    rewards: Tensor,
+    group_size: int,
+    *,
+    eps: float = 1e-6,
+    std_norm: bool = True,
+    include: Tensor | None = None,
+) -> Tensor:
     """A_i = (R_i - mean(R_group)) / (std(R_group) + eps), one value per response.
 
     ``rewards`` is [..., B], group-major along the last dimension: G = ``group_size``
@@ -54,16 +60,18 @@ def group_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6, std
     return adv.view(rewards.shape).to(rewards.dtype)
 
 
-def config_advantages(rewards: Tensor, correct: Tensor, lengths: Tensor, truncated: Tensor, group_size: int,
-                      cfg) -> Tensor:
+def config_advantages(
+    rewards: Tensor, correct: Tensor, lengths: Tensor, truncated: Tensor, group_size: int, cfg
+) -> Tensor:
     """Eq. 9 for an ``AlgoConfig``: how responses removed from the loss by overlong
     filtering enter their group's statistics follows ``cfg.filtered_group_stats``
     (see its docstring). Without ``cfg.overlong_filter`` every response enters with its
     shaped reward. All tensors are [..., B]."""
     include = None
     if cfg.overlong_filter and cfg.filtered_group_stats == "unpenalized":
-        base = outcome_reward(correct, lengths, soft_overlong=False, expected_len=cfg.expected_len,
-                              cache_len=cfg.cache_len).to(rewards.dtype)
+        base = outcome_reward(
+            correct, lengths, soft_overlong=False, expected_len=cfg.expected_len, cache_len=cfg.cache_len
+        ).to(rewards.dtype)
         rewards = torch.where(truncated, base, rewards)
     elif cfg.overlong_filter and cfg.filtered_group_stats == "excluded":
         include = ~truncated

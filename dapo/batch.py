@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -71,7 +71,7 @@ class RolloutBatch:
         return self.size // self.group_size
 
     # -- structural operations -------------------------------------------------------
-    def select(self, index: Tensor | Sequence[int], *, group_size: int | None = None) -> "RolloutBatch":
+    def select(self, index: Tensor | Sequence[int], *, group_size: int | None = None) -> RolloutBatch:
         """The responses at ``index`` (a sub-batch without group structure unless
         ``group_size`` is given and the index keeps whole groups)."""
         idx = torch.as_tensor(index, dtype=torch.long, device=self.old_logp.device)
@@ -93,7 +93,7 @@ class RolloutBatch:
         sub.__dict__.update(values)
         return sub
 
-    def groups(self) -> Iterator["RolloutBatch"]:
+    def groups(self) -> Iterator[RolloutBatch]:
         """Each group as its own batch, in order."""
         g = self.group_size
         if g is None:
@@ -101,7 +101,7 @@ class RolloutBatch:
         for k in range(self.num_groups):
             yield self.select(torch.arange(k * g, (k + 1) * g), group_size=g)
 
-    def to(self, device: torch.device | str) -> "RolloutBatch":
+    def to(self, device: torch.device | str) -> RolloutBatch:
         moved = {k: v.to(device) for k, v in self.extras.items()}
         tensors = {
             f.name: getattr(self, f.name).to(device)
@@ -111,7 +111,7 @@ class RolloutBatch:
         return replace(self, **tensors, extras=moved)
 
     @staticmethod
-    def concat(batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
+    def concat(batches: Sequence[RolloutBatch]) -> RolloutBatch:
         """Stack batches of whole groups (same G), right-padding the token dimension."""
         if not batches:
             raise BatchError("batches", "concat needs at least one batch")
@@ -156,7 +156,7 @@ def _validate(b: RolloutBatch) -> None:
 
     for f in fields(b):
         v = getattr(b, f.name)
-        if f.name in _PER_SEQ + ("old_logp", "mask") and not isinstance(v, Tensor):
+        if f.name in (*_PER_SEQ, "old_logp", "mask") and not isinstance(v, Tensor):
             fail(f.name, f"must be a torch.Tensor, got {type(v).__name__}")
     if b.old_logp.dim() != 2:
         fail("old_logp", f"must be 2-D [B, T], got shape {tuple(b.old_logp.shape)}")
@@ -169,8 +169,13 @@ def _validate(b: RolloutBatch) -> None:
         if not bool(((b.mask == 0) | (b.mask == 1)).all()):
             fail("mask", "values must be 0 or 1")
         b.mask = b.mask.bool()
-    for name, want in (("lengths", "int"), ("truncated", "bool"), ("correct", "bool"),
-                       ("rewards", "float"), ("group_ids", "int")):
+    for name, want in (
+        ("lengths", "int"),
+        ("truncated", "bool"),
+        ("correct", "bool"),
+        ("rewards", "float"),
+        ("group_ids", "int"),
+    ):
         v = getattr(b, name)
         if v.shape != (bsz,):
             fail(name, f"must have shape [B] = ({bsz},), got {tuple(v.shape)}")
@@ -208,8 +213,10 @@ def _validate(b: RolloutBatch) -> None:
         bad = (ids != ids[:, :1]).any(1)
         if bool(bad.any()):
             k = int(torch.nonzero(bad)[0, 0])
-            fail("group_ids", f"group {k} (rows {k * g}..{k * g + g - 1}) mixes prompts; "
-                              "responses must be group-major")
+            fail(
+                "group_ids",
+                f"group {k} (rows {k * g}..{k * g + g - 1}) mixes prompts; responses must be group-major",
+            )
     for key, v in b.extras.items():
         if not isinstance(v, Tensor) or v.dim() == 0 or v.shape[0] != bsz:
             fail(f"extras[{key!r}]", f"must be a tensor with first dimension B = {bsz}")

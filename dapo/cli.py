@@ -24,9 +24,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 # optional dependency -> the extra that provides it
 OPTIONAL = {
-    "gymnasium": "toy", "scipy": "toy", "seaborn": "report", "matplotlib": "report", "pandas": "report",
-    "transformers": "scale", "accelerate": "scale", "datasets": "scale", "safetensors": "scale",
-    "tokenizers": "scale", "yaml": "scale", "tqdm": "scale", "vllm": "vllm",
+    "gymnasium": "toy",
+    "scipy": "toy",
+    "seaborn": "report",
+    "matplotlib": "report",
+    "pandas": "report",
+    "transformers": "scale",
+    "accelerate": "scale",
+    "datasets": "scale",
+    "safetensors": "scale",
+    "tokenizers": "scale",
+    "yaml": "scale",
+    "tqdm": "scale",
+    "vllm": "vllm",
 }
 
 
@@ -50,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="dapo",
         description="DAPO, checkable: toy failure-mode benchmarks, run diagnosis, full-scale training.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="commands:\n" + "\n".join(f"  {k:<10} {v[0]}" for k, v in commands.items())
+        epilog="commands:\n"
+        + "\n".join(f"  {k:<10} {v[0]}" for k, v in commands.items())
         + "\n\n`dapo COMMAND --help` for a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"dapo {__version__}")
@@ -69,8 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         top = (err.name or "").split(".")[0]
         if top not in OPTIONAL:
             raise
-        print(f"dapo {ns.command}: needs {top}, which is not installed. Install it with: "
-              f"pip install 'dapo-repro[{OPTIONAL[top]}]'", file=sys.stderr)
+        print(
+            f"dapo {ns.command}: needs {top}, which is not installed. Install it with: "
+            f"pip install 'dapo-repro[{OPTIONAL[top]}]'",
+            file=sys.stderr,
+        )
         return 3
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 FILTERED_GROUP_STATS = ("shaped", "unpenalized", "excluded")
@@ -168,8 +169,11 @@ class AlgoConfig:
         need(integer("expected_len") > 0, "expected_len", "must be > 0")
         need(integer("cache_len") > 0, "cache_len", "must be > 0")
         need(real("overlong_penalty_factor") >= 0.0, "overlong_penalty_factor", "must be >= 0")
-        need(self.filtered_group_stats in FILTERED_GROUP_STATS, "filtered_group_stats",
-             f"must be one of {FILTERED_GROUP_STATS}")
+        need(
+            self.filtered_group_stats in FILTERED_GROUP_STATS,
+            "filtered_group_stats",
+            f"must be one of {FILTERED_GROUP_STATS}",
+        )
         flag("dynamic_sampling")
         need(integer("max_gen_rounds") >= 1, "max_gen_rounds", "must be >= 1")
         need(integer("train_groups") >= 1, "train_groups", "must be >= 1")
@@ -185,7 +189,7 @@ class AlgoConfig:
         if self.tis_cap is not None:
             need(real("tis_cap") >= 1.0, "tis_cap", "must be >= 1 or None")
 
-    def replace(self, **changes: Any) -> "AlgoConfig":
+    def replace(self, **changes: Any) -> AlgoConfig:
         """A copy with ``changes`` applied (and validated)."""
         return from_dict({**dataclasses.asdict(self), **changes})
 
@@ -223,7 +227,7 @@ GRPO = AlgoConfig(
 treatment, no dynamic sampling (the KL term is dropped throughout, Section 2.3)."""
 
 
-def with_switches(names: "list[str] | tuple[str, ...]", base: AlgoConfig = GRPO) -> AlgoConfig:
+def with_switches(names: list[str] | tuple[str, ...], base: AlgoConfig = GRPO) -> AlgoConfig:
     """``base`` with the named techniques of :data:`SWITCHES` turned on."""
     changes: dict[str, Any] = {}
     for name in names:
@@ -236,12 +240,21 @@ def with_switches(names: "list[str] | tuple[str, ...]", base: AlgoConfig = GRPO)
 LADDER: tuple[str, ...] = ("grpo", "overlong_filter", "clip_higher", "soft_overlong", "token_level", "dapo")
 """The rung names of Table 1 in the paper's order; rung i adds the i-th switch."""
 
-PRESETS: dict[str, AlgoConfig] = {
-    rung: with_switches(list(SWITCHES)[:i]) for i, rung in enumerate(LADDER)
-}
+PRESETS: dict[str, AlgoConfig] = {rung: with_switches(list(SWITCHES)[:i]) for i, rung in enumerate(LADDER)}
 """The cumulative Table-1 ladder: grpo (AIME avg@32 = 30), overlong_filter (36),
 clip_higher (38), soft_overlong (41), token_level (42), dapo (50).
 ``PRESETS["dapo"] == AlgoConfig()``."""
 
 
-__all__ = ["AGG_MODES", "FILTERED_GROUP_STATS", "AlgoConfig", "ConfigError", "GRPO", "LADDER", "PRESETS", "SWITCHES", "from_dict", "with_switches"]
+__all__ = [
+    "AGG_MODES",
+    "FILTERED_GROUP_STATS",
+    "GRPO",
+    "LADDER",
+    "PRESETS",
+    "SWITCHES",
+    "AlgoConfig",
+    "ConfigError",
+    "from_dict",
+    "with_switches",
+]

@@ -21,8 +21,8 @@ The rules encode what the paper shows each failure looks like:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 Run = Sequence[dict[str, float]]
 STATUSES = ("healthy", "warning", "failing", "unknown")
@@ -80,10 +80,11 @@ class Rule:
     needs: tuple[str, ...]
     """Metrics without which the rule reports ``unknown``."""
     knob: str
-    check: Callable[["Run", HealthConfig], tuple[str, float | None, str]]
+    check: Callable[[Run, HealthConfig], tuple[str, float | None, str]]
 
 
 # ---- series helpers ------------------------------------------------------------------------
+
 
 def series(run: Run, key: str) -> tuple[list[float], list[float]]:
     """(steps, values) of ``key`` where it is present and finite."""
@@ -141,6 +142,7 @@ def _uniform_share(run: Run) -> tuple[list[float], list[float]]:
 
 # ---- the rules ---------------------------------------------------------------------------------
 
+
 def _entropy(run: Run, c: HealthConfig):
     xs, ys = series(run, "actor/entropy")
     w = c.window
@@ -150,7 +152,9 @@ def _entropy(run: Run, c: HealthConfig):
     mv = _moving(ys, w)
     now = mv[-1]
     frac = now / start
-    status = "failing" if frac < c.entropy_fail_frac else "warning" if frac < c.entropy_warn_frac else "healthy"
+    status = (
+        "failing" if frac < c.entropy_fail_frac else "warning" if frac < c.entropy_warn_frac else "healthy"
+    )
     threshold = c.entropy_fail_frac if status == "failing" else c.entropy_warn_frac
     since = _onset(xs, ys, w, lambda v: v < threshold * start) if status != "healthy" else None
     ev = f"entropy {start:.3f} -> {now:.3f} ({frac:.0%} of start)"
@@ -184,7 +188,10 @@ def _vanishing(run: Run, c: HealthConfig):
         r_now = _mean(rounds[-w:])
         parts.append(f"dynamic-sampling rounds {_mean(rounds[:w]):.1f} -> {r_now:.1f}")
         if under and _mean(under[-w:]) > 0.5:
-            status, parts = "failing", parts + [f"batch underfilled in {_mean(under[-w:]):.0%} of recent steps"]
+            status, parts = (
+                "failing",
+                [*parts, f"batch underfilled in {_mean(under[-w:]):.0%} of recent steps"],
+            )
             since = since or _onset(rx, under, w, lambda v: v > 0.5)
         elif ds_active and r_now >= c.rounds_warn and _slope(rx[-2 * w :], rounds[-2 * w :]) > 0:
             if SEVERITY[status] < 1:
@@ -210,7 +217,9 @@ def _length(run: Run, c: HealthConfig):
         ev += f", accuracy {a_change:+.3f}"
     flat = math.isnan(a_change) or a_change < c.accuracy_flat
     if l_rel > c.length_rise_frac and e_rel > c.entropy_rise_frac and flat:
-        status = "failing" if l_rel > 2 * c.length_rise_frac and e_rel > 2 * c.entropy_rise_frac else "warning"
+        status = (
+            "failing" if l_rel > 2 * c.length_rise_frac and e_rel > 2 * c.entropy_rise_frac else "warning"
+        )
         return status, xs[half], ev
     return "healthy", None, ev
 
@@ -255,7 +264,9 @@ def _gradients(run: Run, c: HealthConfig):
     total_skipped = sum(skipped)
     if total_skipped:
         share = total_skipped / max(1.0, total_skipped + sum(steps))
-        parts.append(f"{total_skipped:.0f} optimizer step(s) skipped for non-finite loss/gradient ({share:.1%})")
+        parts.append(
+            f"{total_skipped:.0f} optimizer step(s) skipped for non-finite loss/gradient ({share:.1%})"
+        )
         status = "failing" if share > c.skipped_fail_frac else "warning"
         since = next(x for x, s in zip(sx, skipped) if s > 0)
     if len(gn) >= 2 * c.window:
@@ -263,26 +274,60 @@ def _gradients(run: Run, c: HealthConfig):
         peak = max(gn[len(gn) // 2 :])
         parts.append(f"grad norm early median {early:.3g}, recent max {peak:.3g}")
         if early > 0 and peak > c.grad_explode * early:
-            status = "failing" if peak > 10 * c.grad_explode * early else max(status, "warning", key=SEVERITY.get)
-            since = since if since is not None else next(x for x, g in zip(xs, gn) if g > c.grad_explode * early)
+            status = (
+                "failing" if peak > 10 * c.grad_explode * early else max(status, "warning", key=SEVERITY.get)
+            )
+            since = (
+                since if since is not None else next(x for x, g in zip(xs, gn) if g > c.grad_explode * early)
+            )
     return status, since, "; ".join(parts) or "gradients finite and stable"
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("entropy_collapse", "Entropy collapse", ("actor/entropy",),
-         "Clip-Higher: raise algo.eps_high (DAPO uses 0.28 with eps_low 0.2)", _entropy),
-    Rule("vanishing_signal", "Vanishing signal (zero-gradient groups)", (),
-         "Dynamic sampling: algo.dynamic_sampling=true (already on: filter the data by pass rate or raise "
-         "algo.max_gen_rounds)", _vanishing),
-    Rule("length_growth", "Unhealthy length growth", ("rollout/length_mean", "actor/entropy"),
-         "Token-level loss: algo.loss_agg=token-mean", _length),
-    Rule("truncation_noise", "Truncation noise", ("rollout/truncation_rate",),
-         "Overlong filtering and soft punishment: algo.overlong_filter=true, algo.soft_overlong=true "
-         "(expected_len below the lengths that get cut)", _truncation),
-    Rule("rollout_mismatch", "Rollout/trainer mismatch", ("mismatch/logp_gap",),
-         "Truncated importance sampling: algo.tis_cap=2.0; check engine dtype and weight sync", _mismatch),
-    Rule("gradients", "Non-finite or exploding gradients", (),
-         "Lower train.lr, keep algo.max_grad_norm=1.0; look for bad data at the step it started", _gradients),
+    Rule(
+        "entropy_collapse",
+        "Entropy collapse",
+        ("actor/entropy",),
+        "Clip-Higher: raise algo.eps_high (DAPO uses 0.28 with eps_low 0.2)",
+        _entropy,
+    ),
+    Rule(
+        "vanishing_signal",
+        "Vanishing signal (zero-gradient groups)",
+        (),
+        "Dynamic sampling: algo.dynamic_sampling=true (already on: filter the data by pass rate or raise "
+        "algo.max_gen_rounds)",
+        _vanishing,
+    ),
+    Rule(
+        "length_growth",
+        "Unhealthy length growth",
+        ("rollout/length_mean", "actor/entropy"),
+        "Token-level loss: algo.loss_agg=token-mean",
+        _length,
+    ),
+    Rule(
+        "truncation_noise",
+        "Truncation noise",
+        ("rollout/truncation_rate",),
+        "Overlong filtering and soft punishment: algo.overlong_filter=true, algo.soft_overlong=true "
+        "(expected_len below the lengths that get cut)",
+        _truncation,
+    ),
+    Rule(
+        "rollout_mismatch",
+        "Rollout/trainer mismatch",
+        ("mismatch/logp_gap",),
+        "Truncated importance sampling: algo.tis_cap=2.0; check engine dtype and weight sync",
+        _mismatch,
+    ),
+    Rule(
+        "gradients",
+        "Non-finite or exploding gradients",
+        (),
+        "Lower train.lr, keep algo.max_grad_norm=1.0; look for bad data at the step it started",
+        _gradients,
+    ),
 )
 
 
@@ -293,7 +338,11 @@ def diagnose(run: Run, config: HealthConfig = HealthConfig(), rules: Sequence[Ru
     for rule in rules:
         missing = [m for m in rule.needs if not series(run, m)[1]]
         if missing:
-            out.append(Finding(rule.name, rule.title, "unknown", None, f"not logged: {', '.join(missing)}", rule.knob))
+            out.append(
+                Finding(
+                    rule.name, rule.title, "unknown", None, f"not logged: {', '.join(missing)}", rule.knob
+                )
+            )
             continue
         status, since, evidence = rule.check(run, config)
         out.append(Finding(rule.name, rule.title, status, since, evidence, rule.knob))
@@ -305,6 +354,7 @@ def worst(findings: Sequence[Finding]) -> str:
 
 
 # ---- reference curves -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ReferenceCurve:
@@ -324,8 +374,10 @@ class ReferenceCurve:
             a, b = self.progress[i], self.progress[i + 1]
             if a <= p <= b:
                 t = (p - a) / (b - a) if b > a else 0.0
-                return (self.low[i] + t * (self.low[i + 1] - self.low[i]),
-                        self.high[i] + t * (self.high[i + 1] - self.high[i]))
+                return (
+                    self.low[i] + t * (self.low[i + 1] - self.low[i]),
+                    self.high[i] + t * (self.high[i + 1] - self.high[i]),
+                )
         return self.low[-1], self.high[-1]
 
 
@@ -334,13 +386,23 @@ _FIG7 = "DAPO paper, Figure 7 (Qwen2.5-32B DAPO run), as described in shared/see
 
 def _band(metric: str, start: float, end: float, note: str) -> ReferenceCurve:
     mids = [start + (end - start) * p for p in (0.0, 0.25, 0.5, 0.75, 1.0)]
-    return ReferenceCurve(metric, _FIG7, (0.0, 0.25, 0.5, 0.75, 1.0), tuple(m - 0.15 * abs(m) for m in mids),
-                          tuple(m + 0.15 * abs(m) for m in mids), note)
+    return ReferenceCurve(
+        metric,
+        _FIG7,
+        (0.0, 0.25, 0.5, 0.75, 1.0),
+        tuple(m - 0.15 * abs(m) for m in mids),
+        tuple(m + 0.15 * abs(m) for m in mids),
+        note,
+    )
 
 
 PAPER_REFERENCES: dict[str, ReferenceCurve] = {
-    "rollout/length_mean": _band("rollout/length_mean", 1000.0, 4000.0,
-                                 "length grows steadily, ~1k -> ~4k tokens; a healthy long-CoT run lengthens"),
+    "rollout/length_mean": _band(
+        "rollout/length_mean",
+        1000.0,
+        4000.0,
+        "length grows steadily, ~1k -> ~4k tokens; a healthy long-CoT run lengthens",
+    ),
     "rollout/reward_mean": _band("rollout/reward_mean", -0.6, 0.2, "reward rises, ~-0.6 -> ~+0.2"),
     "actor/entropy": _band("actor/entropy", 0.63, 0.70, "entropy stays in a narrow band, slowly rising"),
     "actor/mean_prob": _band("actor/mean_prob", 0.82, 0.76, "mean probability of sampled tokens drifts down"),
@@ -348,7 +410,9 @@ PAPER_REFERENCES: dict[str, ReferenceCurve] = {
 """The paper's monitoring curves as reference shapes (for LLM runs, not toy targets)."""
 
 
-def references_from_runs(runs: Sequence[Run], metrics: Sequence[str], source: str, points: int = 21) -> dict[str, ReferenceCurve]:
+def references_from_runs(
+    runs: Sequence[Run], metrics: Sequence[str], source: str, points: int = 21
+) -> dict[str, ReferenceCurve]:
     """Bands (min..max over runs, on a common progress grid) from healthy reference runs."""
     out = {}
     grid = [i / (points - 1) for i in range(points)]
@@ -365,5 +429,15 @@ def references_from_runs(runs: Sequence[Run], metrics: Sequence[str], source: st
     return out
 
 
-__all__ = ["Finding", "HealthConfig", "PAPER_REFERENCES", "RULES", "ReferenceCurve", "Rule", "diagnose",
-           "references_from_runs", "series", "worst"]
+__all__ = [
+    "PAPER_REFERENCES",
+    "RULES",
+    "Finding",
+    "HealthConfig",
+    "ReferenceCurve",
+    "Rule",
+    "diagnose",
+    "references_from_runs",
+    "series",
+    "worst",
+]

@@ -10,25 +10,53 @@ from pathlib import Path
 from .health import PAPER_REFERENCES, SEVERITY, Finding, HealthConfig, ReferenceCurve, diagnose, series, worst
 from .runlog import RunLogError, read_runs
 
-PLOTTED = ("actor/entropy", "rollout/length_mean", "rollout/reward_mean", "actor/mean_prob",
-           "rollout/truncation_rate", "rollout/groups_uniform", "rollout/groups_all_correct", "mismatch/logp_gap")
+PLOTTED = (
+    "actor/entropy",
+    "rollout/length_mean",
+    "rollout/reward_mean",
+    "actor/mean_prob",
+    "rollout/truncation_rate",
+    "rollout/groups_uniform",
+    "rollout/groups_all_correct",
+    "mismatch/logp_gap",
+)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dapo diagnose", description=(
-        "Diagnose a run's metrics: one verdict per failure mode (healthy / warning / failing), the step it "
-        "started, the evidence and the DAPO knob that addresses it."))
-    p.add_argument("run", help="metrics.jsonl (this project or verl names), TRL trainer_state.json, or a run dir")
+    p = argparse.ArgumentParser(
+        prog="dapo diagnose",
+        description=(
+            "Diagnose a run's metrics: one verdict per failure mode (healthy / warning / failing), the step it "
+            "started, the evidence and the DAPO knob that addresses it."
+        ),
+    )
+    p.add_argument(
+        "run", help="metrics.jsonl (this project or verl names), TRL trainer_state.json, or a run dir"
+    )
     p.add_argument("--format", choices=["auto", "dapo", "trl", "verl"], default="auto")
-    p.add_argument("--run-label", default=None, help="diagnose only this run of a multi-run file (e.g. arm=dapo/seed=0)")
+    p.add_argument(
+        "--run-label", default=None, help="diagnose only this run of a multi-run file (e.g. arm=dapo/seed=0)"
+    )
     p.add_argument("--report", type=Path, default=None, help="write report.md and figures to this directory")
-    p.add_argument("--reference", default="paper",
-                   help="reference bands for the figures: 'paper' (Fig. 7 shapes), 'none', or a JSON file")
-    p.add_argument("--fail-on", choices=["warning", "failing"], default=None,
-                   help="exit with status 1 if any rule reaches this level")
+    p.add_argument(
+        "--reference",
+        default="paper",
+        help="reference bands for the figures: 'paper' (Fig. 7 shapes), 'none', or a JSON file",
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=["warning", "failing"],
+        default=None,
+        help="exit with status 1 if any rule reaches this level",
+    )
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
-    p.add_argument("--set", action="append", default=[], metavar="THRESHOLD=VALUE",
-                   help="override a HealthConfig threshold, e.g. --set entropy_fail_frac=0.4")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="THRESHOLD=VALUE",
+        help="override a HealthConfig threshold, e.g. --set entropy_fail_frac=0.4",
+    )
     return p
 
 
@@ -37,7 +65,9 @@ def _config(items: list[str]) -> HealthConfig:
     for item in items:
         key, _, raw = item.partition("=")
         if key not in HealthConfig.__dataclass_fields__:
-            raise SystemExit(f"dapo diagnose: unknown threshold {key!r}; known: {sorted(HealthConfig.__dataclass_fields__)}")
+            raise SystemExit(
+                f"dapo diagnose: unknown threshold {key!r}; known: {sorted(HealthConfig.__dataclass_fields__)}"
+            )
         values[key] = type(getattr(HealthConfig(), key))(raw)
     return HealthConfig(**values)
 
@@ -48,13 +78,24 @@ def _references(spec: str) -> dict[str, ReferenceCurve]:
     if spec == "paper":
         return PAPER_REFERENCES
     data = json.loads(Path(spec).read_text())
-    return {k: ReferenceCurve(metric=k, source=v["source"], progress=tuple(v["progress"]), low=tuple(v["low"]),
-                              high=tuple(v["high"]), note=v.get("note", "")) for k, v in data.items()}
+    return {
+        k: ReferenceCurve(
+            metric=k,
+            source=v["source"],
+            progress=tuple(v["progress"]),
+            low=tuple(v["low"]),
+            high=tuple(v["high"]),
+            note=v.get("note", ""),
+        )
+        for k, v in data.items()
+    }
 
 
 def format_findings(label: str, findings: list[Finding]) -> str:
     unknown = sum(f.status == "unknown" for f in findings)
-    lines = [f"== {label}: {worst(findings)}" + (f" ({unknown} rule(s) without enough data)" if unknown else "")]
+    lines = [
+        f"== {label}: {worst(findings)}" + (f" ({unknown} rule(s) without enough data)" if unknown else "")
+    ]
     for f in findings:
         since = f" since step {f.start_step:g}" if f.start_step is not None else ""
         lines.append(f"  {f.status:<8} {f.title}{since}")
@@ -76,7 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {note}", file=sys.stderr)
     if args.run_label:
         if args.run_label not in runs:
-            print(f"dapo diagnose: no run {args.run_label!r}; runs: {', '.join(list(runs)[:20])}", file=sys.stderr)
+            print(
+                f"dapo diagnose: no run {args.run_label!r}; runs: {', '.join(list(runs)[:20])}",
+                file=sys.stderr,
+            )
             return 2
         runs = {args.run_label: runs[args.run_label]}
     results = {label: diagnose(run, cfg) for label, run in runs.items()}
@@ -94,22 +138,38 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def write_report(out: Path, source: str, runs, results, references: dict[str, ReferenceCurve],
-                 max_figures: int = 12) -> Path:
+def write_report(
+    out: Path, source: str, runs, results, references: dict[str, ReferenceCurve], max_figures: int = 12
+) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    lines = [f"# Health report: `{source}`", "", f"{len(runs)} run(s). Rules and thresholds: `dapo.health`.", ""]
-    lines += ["| run | " + " | ".join(f.rule for f in next(iter(results.values()))) + " |",
-              "|---|" + "---|" * len(next(iter(results.values())))]
+    lines = [
+        f"# Health report: `{source}`",
+        "",
+        f"{len(runs)} run(s). Rules and thresholds: `dapo.health`.",
+        "",
+    ]
+    lines += [
+        "| run | " + " | ".join(f.rule for f in next(iter(results.values()))) + " |",
+        "|---|" + "---|" * len(next(iter(results.values()))),
+    ]
     for label, fs in results.items():
-        lines.append(f"| {label} | " + " | ".join(
-            f.status + (f" (step {f.start_step:g})" if f.start_step is not None else "") for f in fs) + " |")
+        lines.append(
+            f"| {label} | "
+            + " | ".join(
+                f.status + (f" (step {f.start_step:g})" if f.start_step is not None else "") for f in fs
+            )
+            + " |"
+        )
     figures = _plots(out, runs, references, max_figures)
     for label, fs in results.items():
         lines += ["", f"## {label}", ""]
         for f in fs:
-            lines.append(f"- **{f.title}: {f.status}**"
-                         + (f" since step {f.start_step:g}" if f.start_step is not None else "")
-                         + f". {f.evidence}." + (f" Knob: {f.knob}." if f.status in ("warning", "failing") else ""))
+            lines.append(
+                f"- **{f.title}: {f.status}**"
+                + (f" since step {f.start_step:g}" if f.start_step is not None else "")
+                + f". {f.evidence}."
+                + (f" Knob: {f.knob}." if f.status in ("warning", "failing") else "")
+            )
         if label in figures:
             lines += ["", f"![{label}]({figures[label]})"]
     if references:

@@ -18,7 +18,9 @@ import torch
 from torch import Tensor
 
 
-def _chunk_stats(h: Tensor, weight: Tensor, targets: Tensor, inv_temp: float) -> tuple[Tensor, Tensor, Tensor]:
+def _chunk_stats(
+    h: Tensor, weight: Tensor, targets: Tensor, inv_temp: float
+) -> tuple[Tensor, Tensor, Tensor]:
     z = (h.float() @ weight.float().t()) * inv_temp
     lse = torch.logsumexp(z, dim=-1)
     logp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
@@ -69,8 +71,9 @@ class _ChunkedLogProbs(torch.autograd.Function):
         return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
 
 
-def chunked_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk: int = 1024,
-                     temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+def chunked_logprobs(
+    hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk: int = 1024, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
     """Log-prob of ``targets`` and entropy of the full next-token distribution, per token.
 
     ``hidden`` is [..., H] (any leading shape), ``weight`` the output layer [V, H],
@@ -88,7 +91,9 @@ def chunked_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, chunk: 
     return logp.view(shape), entropy.view(shape)
 
 
-def naive_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, *, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+def naive_logprobs(
+    hidden: Tensor, weight: Tensor, targets: Tensor, *, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
     """The reference path: full fp32 logits. For tests and benchmarks only."""
     z = (hidden.float() @ weight.float().t()) / temperature
     logp_all = torch.log_softmax(z, dim=-1)

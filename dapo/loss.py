@@ -148,8 +148,9 @@ def policy_loss(
     if adv.shape == logp.shape[:-1]:
         adv = adv.unsqueeze(-1).expand_as(logp)
     if adv.shape != logp.shape:
-        raise ValueError(f"advantages shape {tuple(advantages.shape)} fits neither [B] nor [B, T] = "
-                         f"{tuple(logp.shape)}")
+        raise ValueError(
+            f"advantages shape {tuple(advantages.shape)} fits neither [B] nor [B, T] = {tuple(logp.shape)}"
+        )
     old_logp = old_logp.detach()
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
@@ -170,22 +171,30 @@ def policy_loss(
         up = mask & (adv > 0) & (ratio > 1.0 + eps_high)
         low = mask & (adv < 0) & (ratio < 1.0 - eps_low)
         m = mask.to(torch.float64)
-        rows = torch.stack([
-            m,
-            up.to(torch.float64),
-            low.to(torch.float64),
-            (dual & mask).to(torch.float64),
-            torch.where(up, old_logp, torch.full_like(old_logp, -math.inf)).exp().to(torch.float64),
-            torch.where(mask, ratio - 1.0 - log_ratio, torch.zeros_like(ratio)).to(torch.float64),
-            torch.where(mask, ratio, torch.zeros_like(ratio)).to(torch.float64),
-        ]).flatten(-2).sum(-1)
+        rows = (
+            torch.stack(
+                [
+                    m,
+                    up.to(torch.float64),
+                    low.to(torch.float64),
+                    (dual & mask).to(torch.float64),
+                    torch.where(up, old_logp, torch.full_like(old_logp, -math.inf)).exp().to(torch.float64),
+                    torch.where(mask, ratio - 1.0 - log_ratio, torch.zeros_like(ratio)).to(torch.float64),
+                    torch.where(mask, ratio, torch.zeros_like(ratio)).to(torch.float64),
+                ]
+            )
+            .flatten(-2)
+            .sum(-1)
+        )
         n, n_up = rows[0], rows[1]
         nf = n.clamp(min=1)
         stats = {
             "clipfrac_upper": n_up / nf,
             "clipfrac_lower": rows[2] / nf,
             "dual_clipfrac": rows[3] / nf,
-            "upclip_old_prob": torch.where(n_up > 0, rows[4] / n_up.clamp(min=1), torch.full_like(n_up, math.nan)),
+            "upclip_old_prob": torch.where(
+                n_up > 0, rows[4] / n_up.clamp(min=1), torch.full_like(n_up, math.nan)
+            ),
             "approx_kl": rows[5] / nf,
             "ratio_mean": rows[6] / nf,
             "n_tokens": n,

@@ -78,8 +78,15 @@ def masked_mean(x: Tensor, mask: Tensor, dims: int = 1) -> Tensor:
     return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, math.nan))
 
 
-def rollout_stats(*, correct: Tensor, lengths: Tensor, truncated: Tensor, rewards: Tensor, group_size: int,
-                  valid: Tensor | None = None) -> dict[str, Tensor]:
+def rollout_stats(
+    *,
+    correct: Tensor,
+    lengths: Tensor,
+    truncated: Tensor,
+    rewards: Tensor,
+    group_size: int,
+    valid: Tensor | None = None,
+) -> dict[str, Tensor]:
     """The ``rollout/*`` metrics as tensors over leading run dimensions: inputs are
     [..., N] per-response tensors, group-major; ``valid`` ([..., N] bool, whole groups)
     marks the rows that were generated when runs generated different amounts."""
@@ -110,8 +117,13 @@ def rollout_metrics(
     *, correct: Tensor, lengths: Tensor, truncated: Tensor, rewards: Tensor, group_size: int
 ) -> dict[str, float]:
     """The ``rollout/*`` metrics from per-response tensors (group-major) of one run."""
-    stats = rollout_stats(correct=correct.view(-1), lengths=lengths.view(-1), truncated=truncated.view(-1),
-                          rewards=rewards.view(-1), group_size=group_size)
+    stats = rollout_stats(
+        correct=correct.view(-1),
+        lengths=lengths.view(-1),
+        truncated=truncated.view(-1),
+        rewards=rewards.view(-1),
+        group_size=group_size,
+    )
     return {k: float(v) for k, v in stats.items()}
 
 

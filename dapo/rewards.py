@@ -91,9 +91,7 @@ def score_integer_answer(text: str, truth: int | str) -> bool:
     return got is not None and got == want
 
 
-def soft_overlong_penalty(
-    lengths: Tensor, expected_len: int, cache_len: int, factor: float = 1.0
-) -> Tensor:
+def soft_overlong_penalty(lengths: Tensor, expected_len: int, cache_len: int, factor: float = 1.0) -> Tensor:
     """Eq. 13, the soft overlong punishment, as a float tensor shaped like ``lengths``.
 
     0 for ``L <= expected_len``; ``(expected_len - L) / cache_len`` on the ramp up to

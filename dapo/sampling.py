@@ -35,7 +35,9 @@ class _Seen:
     rewards: list[Tensor]
 
 
-def uniform_groups(correct: Tensor, group_size: int, truncated: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def uniform_groups(
+    correct: Tensor, group_size: int, truncated: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """(all_correct, all_wrong) per group for [..., N] group-major responses.
 
     With ``truncated`` given, truncated responses are left out of the count (a group is
@@ -65,8 +67,14 @@ class DynamicSampler:
     responses only (see :func:`uniform_groups`).
     """
 
-    def __init__(self, target_groups: int, group_size: int, max_rounds: int, enabled: bool = True,
-                 exclude_truncated: bool = False):
+    def __init__(
+        self,
+        target_groups: int,
+        group_size: int,
+        max_rounds: int,
+        enabled: bool = True,
+        exclude_truncated: bool = False,
+    ):
         if target_groups < 1 or group_size < 1 or max_rounds < 1:
             raise ValueError("target_groups, group_size and max_rounds must be >= 1")
         self.target_groups = target_groups
@@ -77,11 +85,16 @@ class DynamicSampler:
         self.reset()
 
     @classmethod
-    def for_config(cls, cfg, target_groups: int | None = None) -> "DynamicSampler":
+    def for_config(cls, cfg, target_groups: int | None = None) -> DynamicSampler:
         """The sampler an ``AlgoConfig`` asks for (``target_groups`` defaults to
         ``cfg.train_groups``; pass a rank's share under data parallelism)."""
-        return cls(cfg.train_groups if target_groups is None else target_groups, cfg.group_size, cfg.max_gen_rounds, cfg.dynamic_sampling,
-                   exclude_truncated=cfg.overlong_filter and cfg.filtered_group_stats == "excluded")
+        return cls(
+            cfg.train_groups if target_groups is None else target_groups,
+            cfg.group_size,
+            cfg.max_gen_rounds,
+            cfg.dynamic_sampling,
+            exclude_truncated=cfg.overlong_filter and cfg.filtered_group_stats == "excluded",
+        )
 
     def reset(self) -> None:
         self.rounds = 0
@@ -115,8 +128,9 @@ class DynamicSampler:
         self.generated_tokens += int(batch.lengths.sum())
         for name in ("correct", "lengths", "truncated", "rewards"):
             getattr(self._seen, name).append(getattr(batch, name).detach().cpu())
-        all_correct, all_wrong = uniform_groups(batch.correct, self.group_size,
-                                                batch.truncated if self.exclude_truncated else None)
+        all_correct, all_wrong = uniform_groups(
+            batch.correct, self.group_size, batch.truncated if self.exclude_truncated else None
+        )
         if self.enabled:
             self.rejected_all_correct += int(all_correct.sum())
             self.rejected_all_wrong += int(all_wrong.sum())
@@ -143,7 +157,9 @@ class DynamicSampler:
             return None
         batch = RolloutBatch.concat(self._kept)
         if held > self.target_groups:
-            batch = batch.select(torch.arange(self.target_groups * self.group_size), group_size=self.group_size)
+            batch = batch.select(
+                torch.arange(self.target_groups * self.group_size), group_size=self.group_size
+            )
         return batch
 
     def metrics(self) -> dict[str, float]:
@@ -154,7 +170,9 @@ class DynamicSampler:
         out = rollout_metrics(
             correct=torch.cat(self._seen.correct) if self._seen.correct else torch.zeros(0, dtype=torch.bool),
             lengths=torch.cat(self._seen.lengths) if self._seen.lengths else torch.zeros(0),
-            truncated=torch.cat(self._seen.truncated) if self._seen.truncated else torch.zeros(0, dtype=torch.bool),
+            truncated=torch.cat(self._seen.truncated)
+            if self._seen.truncated
+            else torch.zeros(0, dtype=torch.bool),
             rewards=torch.cat(self._seen.rewards) if self._seen.rewards else torch.zeros(0),
             group_size=self.group_size,
         )

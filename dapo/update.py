@@ -18,8 +18,8 @@ For each epoch and each optimizer-step window of ``cfg.mini_batch_groups`` group
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -224,7 +224,7 @@ class _Sums:
             self.n_upclip += k
             self.upclip_prob += float(stats["upclip_old_prob"]) * k
 
-    def merge(self, other: "_Sums") -> None:
+    def merge(self, other: _Sums) -> None:
         """Add a window's token statistics (a skipped window's are dropped, not merged)."""
         self.tokens += other.tokens
         for key in _TOKEN_STATS:
@@ -254,4 +254,4 @@ class _Sums:
         return res
 
 
-__all__: Sequence[str] = ["DataParallel", "LogProbs", "LogProbFn", "update"]
+__all__: Sequence[str] = ["DataParallel", "LogProbFn", "LogProbs", "update"]

@@ -50,8 +50,19 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(out: Path, step: int, *, lm, tokenizer, state_dict: dict[str, torch.Tensor] | None, optimizer_state: dict,
-         scheduler_state: dict, rank_states: list[dict[str, Any]], trainer_state: dict[str, Any], keep: int) -> Path:
+def save(
+    out: Path,
+    step: int,
+    *,
+    lm,
+    tokenizer,
+    state_dict: dict[str, torch.Tensor] | None,
+    optimizer_state: dict,
+    scheduler_state: dict,
+    rank_states: list[dict[str, Any]],
+    trainer_state: dict[str, Any],
+    keep: int,
+) -> Path:
     """Called on the main process with everything gathered (rank states included)."""
     final = checkpoint_dir(out, step)
     tmp = final.with_name(final.name + ".tmp")

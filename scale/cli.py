@@ -9,14 +9,25 @@ from pathlib import Path
 
 
 def train_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="dapo train", description="DAPO training from a YAML config (accelerate + vLLM).")
-    p.add_argument("--config", required=True, help="a YAML file or a bundled preset: tiny-cpu, qwen2.5-32b-dapo")
+    p = argparse.ArgumentParser(
+        prog="dapo train", description="DAPO training from a YAML config (accelerate + vLLM)."
+    )
+    p.add_argument(
+        "--config", required=True, help="a YAML file or a bundled preset: tiny-cpu, qwen2.5-32b-dapo"
+    )
     p.add_argument("overrides", nargs="*", help="section.field=value (value parsed as YAML)")
-    p.add_argument("--resume", default=None, help="'auto' (latest checkpoint of output.dir) or a checkpoint dir")
+    p.add_argument(
+        "--resume", default=None, help="'auto' (latest checkpoint of output.dir) or a checkpoint dir"
+    )
     p.add_argument("--steps", type=int, default=None, help="stop after this many steps of this invocation")
-    p.add_argument("--validate-only", action="store_true", help="check the config and the data files, then exit")
-    p.add_argument("--require-gate", action="store_true",
-                   help="refuse to start unless the toy gate passed for this commit and algo config")
+    p.add_argument(
+        "--validate-only", action="store_true", help="check the config and the data files, then exit"
+    )
+    p.add_argument(
+        "--require-gate",
+        action="store_true",
+        help="refuse to start unless the toy gate passed for this commit and algo config",
+    )
     p.add_argument("--force", action="store_true", help="start without a matching gate (recorded in the run)")
     args = p.parse_args(argv)
 
@@ -36,8 +47,10 @@ def train_main(argv: list[str] | None = None) -> int:
             gate["record"] = check(cfg)
         except GateError as err:
             if not args.force:
-                print(f"dapo train: refusing to start: {err}\n(--force overrides; it is recorded in the run)",
-                      file=sys.stderr)
+                print(
+                    f"dapo train: refusing to start: {err}\n(--force overrides; it is recorded in the run)",
+                    file=sys.stderr,
+                )
                 return 5
             print(f"WARNING: STARTING WITHOUT A MATCHING TOY GATE (--force): {err}", file=sys.stderr)
             gate.update({"forced": True, "reason": str(err)})
@@ -56,8 +69,11 @@ def train_main(argv: list[str] | None = None) -> int:
         print(f"dapo train: {err}", file=sys.stderr)
         return 2
     except EngineError as err:
-        print(f"dapo train: rollout engine failed: {err}\nResume with --resume auto from the last checkpoint "
-              f"under {cfg.output.dir}/checkpoints.", file=sys.stderr)
+        print(
+            f"dapo train: rollout engine failed: {err}\nResume with --resume auto from the last checkpoint "
+            f"under {cfg.output.dir}/checkpoints.",
+            file=sys.stderr,
+        )
         return 4
     trainer.close()
     del trainer
@@ -85,8 +101,15 @@ def _validate_data(cfg) -> int:
     try:
         for spec, split in ((cfg.data.train, cfg.data.train_split), (cfg.data.eval, cfg.data.eval_split)):
             if spec:
-                n = len(load_problems(spec, split=split, prompt_key=cfg.data.prompt_key,
-                                      answer_key=cfg.data.answer_key, template=cfg.data.template))
+                n = len(
+                    load_problems(
+                        spec,
+                        split=split,
+                        prompt_key=cfg.data.prompt_key,
+                        answer_key=cfg.data.answer_key,
+                        template=cfg.data.template,
+                    )
+                )
                 print(f"{spec}: {n} valid records")
     except (DataError, FileNotFoundError) as err:
         print(f"dapo train: {err}", file=sys.stderr)
@@ -96,7 +119,9 @@ def _validate_data(cfg) -> int:
 
 
 def eval_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="dapo eval", description="avg@k, pass@k and cons@k on integer-answer problems.")
+    p = argparse.ArgumentParser(
+        prog="dapo eval", description="avg@k, pass@k and cons@k on integer-answer problems."
+    )
     p.add_argument("--model", required=True, help="model directory (e.g. a checkpoint) or hub id")
     p.add_argument("--data", required=True, help="evaluation problems (.jsonl/.json/.parquet or hub id)")
     p.add_argument("--k", type=int, default=32)
@@ -132,15 +157,32 @@ def eval_main(argv: list[str] | None = None) -> int:
 
         dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(args.dtype, torch.float32)
         lm = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
-        engine = make_engine("hf", model=lm, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id or tok.eos_token_id)
+        engine = make_engine(
+            "hf", model=lm, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id or tok.eos_token_id
+        )
     else:
-        engine = make_engine("vllm", model_path=args.model, dtype=args.dtype,
-                             max_model_len=max(map(len, prompts)) + args.max_new_tokens,
-                             gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
-    gens = engine.generate(prompts, n=args.k, max_tokens=args.max_new_tokens, temperature=args.temperature,
-                           top_p=args.top_p, seed=args.seed)
-    results = [ProblemResult(p.answer, [canonical_prediction(tok.decode(g.token_ids, skip_special_tokens=True))
-                                        for g in row]) for p, row in zip(problems, gens)]
+        engine = make_engine(
+            "vllm",
+            model_path=args.model,
+            dtype=args.dtype,
+            max_model_len=max(map(len, prompts)) + args.max_new_tokens,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            seed=args.seed,
+        )
+    gens = engine.generate(
+        prompts,
+        n=args.k,
+        max_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    results = [
+        ProblemResult(
+            p.answer, [canonical_prediction(tok.decode(g.token_ids, skip_special_tokens=True)) for g in row]
+        )
+        for p, row in zip(problems, gens)
+    ]
     summary = summarize(results)
     for k, v in summary.items():
         if not k.endswith(("_lo", "_hi")):
@@ -149,8 +191,17 @@ def eval_main(argv: list[str] | None = None) -> int:
             print(f"{k:<16} {v:.4f}{ci}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"summary": summary, "settings": {k: str(v) for k, v in vars(args).items()},
-                                        "predictions": [{"source": p.source, "row": p.row, "answer": p.answer,
-                                                         "predictions": r.predictions}
-                                                        for p, r in zip(problems, results)]}, indent=2))
+        args.out.write_text(
+            json.dumps(
+                {
+                    "summary": summary,
+                    "settings": {k: str(v) for k, v in vars(args).items()},
+                    "predictions": [
+                        {"source": p.source, "row": p.row, "answer": p.answer, "predictions": r.predictions}
+                        for p, r in zip(problems, results)
+                    ],
+                },
+                indent=2,
+            )
+        )
     return 0

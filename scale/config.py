@@ -148,9 +148,13 @@ class RunConfig:
             raise ConfigError("model.dtype", f"unknown dtype {self.model.dtype!r}")
         if self.train.mixed_precision not in ("no", "bf16", "fp16"):
             raise ConfigError("train.mixed_precision", f"unknown value {self.train.mixed_precision!r}")
-        for name, value in (("train.steps", self.train.steps), ("train.micro_batch_size", self.train.micro_batch_size),
-                            ("rollout.tensor_parallel", self.rollout.tensor_parallel), ("eval.k", self.eval.k),
-                            ("model.logprob_chunk", self.model.logprob_chunk)):
+        for name, value in (
+            ("train.steps", self.train.steps),
+            ("train.micro_batch_size", self.train.micro_batch_size),
+            ("rollout.tensor_parallel", self.rollout.tensor_parallel),
+            ("eval.k", self.eval.k),
+            ("model.logprob_chunk", self.model.logprob_chunk),
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(name, f"must be a positive integer (got {value!r})")
         if not 0 < self.train.lr < 1:
@@ -166,9 +170,12 @@ class RunConfig:
         if self.rollout.temperature != 1.0 or self.rollout.top_p != 1.0:
             # the ratio of Eq. 8 needs the sampling distribution's log-probs; the engines report
             # the raw (temperature 1, untruncated) distribution, as the paper trains
-            raise ConfigError("rollout.temperature", "training samples at temperature 1.0 and top_p 1.0 (the "
-                              "paper's setting); other values would make old_logp differ from the sampling "
-                              "policy (evaluation may use any: eval.temperature, eval.top_p)")
+            raise ConfigError(
+                "rollout.temperature",
+                "training samples at temperature 1.0 and top_p 1.0 (the "
+                "paper's setting); other values would make old_logp differ from the sampling "
+                "policy (evaluation may use any: eval.temperature, eval.top_p)",
+            )
         if not 0 < self.rollout.gpu_memory_utilization <= 1:
             raise ConfigError("rollout.gpu_memory_utilization", "must lie in (0, 1]")
         if self.output.keep_checkpoints < 1:
@@ -178,8 +185,14 @@ class RunConfig:
                 raise ConfigError("output.trackers", f"unknown tracker {t!r}")
 
 
-_SECTIONS = {"model": ModelConfig, "data": DataConfig, "rollout": RolloutConfig, "train": TrainConfig,
-             "eval": EvalConfig, "output": OutputConfig}
+_SECTIONS = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "rollout": RolloutConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "output": OutputConfig,
+}
 
 
 def _build(cls, values: Any, section: str):
@@ -189,8 +202,11 @@ def _build(cls, values: Any, section: str):
     for key in values:
         if key not in known:
             raise ConfigError(f"{section}.{key}", f"unknown field; known: {sorted(known)}")
-    missing = [n for n, f in known.items() if f.default is dataclasses.MISSING
-               and f.default_factory is dataclasses.MISSING and n not in values]
+    missing = [
+        n
+        for n, f in known.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and n not in values
+    ]
     if missing:
         raise ConfigError(f"{section}.{missing[0]}", "is required")
     clean = {}
@@ -217,8 +233,11 @@ def from_dict(values: dict[str, Any], source: str = "config") -> RunConfig:
         algo = algo_from_dict(values["algo"] or {}, source=f"{source}: algo")
     except ConfigError as err:
         raise ConfigError(f"algo.{err.field}", err.message) from None
-    sections = {name: _build(cls, values.get(name) or {}, name) for name, cls in _SECTIONS.items()
-                if name in values or name in ("model", "data")}
+    sections = {
+        name: _build(cls, values.get(name) or {}, name)
+        for name, cls in _SECTIONS.items()
+        if name in values or name in ("model", "data")
+    }
     cfg = RunConfig(algo=algo, **sections)
     cfg.validate()
     return cfg
@@ -249,8 +268,11 @@ def resolve_path(name_or_path: str) -> Path:
     preset = PRESET_DIR / f"{name_or_path}.yaml"
     if preset.is_file():
         return preset
-    raise ConfigError("config", f"no such file or preset: {name_or_path!r} (presets: "
-                      f"{', '.join(sorted(q.stem for q in PRESET_DIR.glob('*.yaml')))})")
+    raise ConfigError(
+        "config",
+        f"no such file or preset: {name_or_path!r} (presets: "
+        f"{', '.join(sorted(q.stem for q in PRESET_DIR.glob('*.yaml')))})",
+    )
 
 
 def load(name_or_path: str, overrides: list[str] | None = None) -> RunConfig:

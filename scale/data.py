@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from dapo.rewards import normalize_integer
 
@@ -116,9 +117,16 @@ def apply_template(problem: str, template: str) -> str:
     return DAPO_TEMPLATE.format(problem=problem.strip())
 
 
-def load_problems(spec: str, *, split: str = "train", prompt_key: str | None = None,
-                  answer_key: str | None = None, template: str = "dapo",
-                  tokenizer: Any = None, max_prompt_tokens: int | None = None) -> list[Problem]:
+def load_problems(
+    spec: str,
+    *,
+    split: str = "train",
+    prompt_key: str | None = None,
+    answer_key: str | None = None,
+    template: str = "dapo",
+    tokenizer: Any = None,
+    max_prompt_tokens: int | None = None,
+) -> list[Problem]:
     """Load and validate every record; raise :class:`DataError` listing all bad rows."""
     raw, source = _read_raw(spec, split)
     problems, bad = [], []
@@ -140,7 +148,11 @@ def load_problems(spec: str, *, split: str = "train", prompt_key: str | None = N
             bad.append((source, row, pk, "must be a non-empty string or a chat list with a user message"))
             continue
         ans_raw = _get(record, ak)
-        ans = normalize_integer(str(ans_raw)) if isinstance(ans_raw, (int, str)) and not isinstance(ans_raw, bool) else None
+        ans = (
+            normalize_integer(str(ans_raw))
+            if isinstance(ans_raw, (int, str)) and not isinstance(ans_raw, bool)
+            else None
+        )
         if ans is None:
             bad.append((source, row, ak, f"must be an integer, got {ans_raw!r}"))
             continue
@@ -176,10 +188,12 @@ class Overlap:
     fraction_of_eval: float
 
 
-def contamination(train: Iterable[Problem], evals: Iterable[Problem], n: int = 13,
-                  template_free: bool = True) -> list[Overlap]:
+def contamination(
+    train: Iterable[Problem], evals: Iterable[Problem], n: int = 13, template_free: bool = True
+) -> list[Overlap]:
     """Training prompts sharing word n-grams with evaluation prompts (the instruction
     template is removed first so that it does not count as overlap)."""
+
     def strip(p: Problem) -> str:
         if template_free:
             for part in DAPO_TEMPLATE.split("{problem}"):
@@ -205,6 +219,7 @@ def contamination(train: Iterable[Problem], evals: Iterable[Problem], n: int = 1
 
 
 # ---- the training stream ------------------------------------------------------------------
+
 
 class PromptStream:
     """Epoch-wise shuffled problems with a resumable position ``(epoch, index)``."""

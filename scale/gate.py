@@ -29,10 +29,18 @@ def algo_hash(cfg) -> str:
 def git_state(cwd: Path | None = None) -> tuple[str, bool]:
     """(commit, dirty) of the working tree; ('unknown', True) outside git."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                                cwd=cwd).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                    text=True, check=True, cwd=cwd).stdout.strip())
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=cwd
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=cwd,
+            ).stdout.strip()
+        )
         return commit, dirty
     except (OSError, subprocess.CalledProcessError):
         return "unknown", True
@@ -46,8 +54,10 @@ def toy_verdicts(summary: dict) -> tuple[bool, list[str]]:
             if c["role"] == "primary" and c["verdict"] != "reproduced":
                 problems.append(f"{name}: primary '{c['name']}' {c['verdict']}")
             if c["role"] == "primary" and len(c.get("blocks", {})) < 2:
-                problems.append(f"{name}: primary '{c['name']}' has no confirmation block "
-                                "(run dapo toy run without --no-confirm)")
+                problems.append(
+                    f"{name}: primary '{c['name']}' has no confirmation block "
+                    "(run dapo toy run without --no-confirm)"
+                )
             if c["role"] == "control" and c["verdict"] != "no effect (as expected)":
                 problems.append(f"{name}: control '{c['name']}' {c['verdict']}")
     if not summary.get("experiments"):
@@ -61,9 +71,14 @@ def write(cfg, toy_summary: Path, gate_dir: Path = GATE_DIR) -> Path:
     if not ok:
         raise GateError("toy checks did not pass:\n  " + "\n  ".join(problems))
     commit, dirty = git_state()
-    record = {"commit": commit, "dirty": dirty, "algo_hash": algo_hash(cfg), "written": time.time(),
-              "toy_summary": str(toy_summary),
-              "verdicts": {k: v["verdict"] for k, v in summary["experiments"].items()}}
+    record = {
+        "commit": commit,
+        "dirty": dirty,
+        "algo_hash": algo_hash(cfg),
+        "written": time.time(),
+        "toy_summary": str(toy_summary),
+        "verdicts": {k: v["verdict"] for k, v in summary["experiments"].items()},
+    }
     gate_dir.mkdir(parents=True, exist_ok=True)
     path = gate_dir / f"{commit}.json"
     path.write_text(json.dumps(record, indent=2))
@@ -78,18 +93,24 @@ def check(cfg, gate_dir: Path = GATE_DIR) -> dict:
     """The matching gate record, or :class:`GateError` saying what is missing."""
     commit, dirty = git_state()
     if dirty:
-        raise GateError(f"the working tree has uncommitted changes: the gate is keyed by commit ({commit[:10]}); "
-                        "commit first, then run `nox -s toy`")
+        raise GateError(
+            f"the working tree has uncommitted changes: the gate is keyed by commit ({commit[:10]}); "
+            "commit first, then run `nox -s toy`"
+        )
     path = gate_dir / f"{commit}.json"
     if not path.is_file():
         have = sorted(p.stem[:10] for p in gate_dir.glob("*.json")) if gate_dir.is_dir() else []
-        raise GateError(f"no toy gate for commit {commit[:10]} (run `nox -s toy`); gates exist for: {have or 'none'}")
+        raise GateError(
+            f"no toy gate for commit {commit[:10]} (run `nox -s toy`); gates exist for: {have or 'none'}"
+        )
     record = json.loads(path.read_text())
     if record.get("dirty"):
         raise GateError(f"{path}: the toy checks ran on a dirty tree; rerun `nox -s toy` on the clean commit")
     if record["algo_hash"] != algo_hash(cfg):
-        raise GateError(f"{path}: the toy gate was written for another algo config "
-                        f"({record['algo_hash']} != {algo_hash(cfg)}); rerun `nox -s toy -- --config ...`")
+        raise GateError(
+            f"{path}: the toy gate was written for another algo config "
+            f"({record['algo_hash']} != {algo_hash(cfg)}); rerun `nox -s toy -- --config ...`"
+        )
     return record
 
 
@@ -112,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gate written: {write(cfg, args.toy_summary)}")
         else:
             rec = check(cfg)
-            print(f"gate ok: commit {rec['commit'][:10]}, algo {rec['algo_hash']}, toy verdicts {rec['verdicts']}")
+            print(
+                f"gate ok: commit {rec['commit'][:10]}, algo {rec['algo_hash']}, toy verdicts {rec['verdicts']}"
+            )
         return 0
     except (GateError, ConfigError, FileNotFoundError) as err:
         print(f"dapo gate {args.cmd}: {err}", file=sys.stderr)

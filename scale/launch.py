@@ -32,37 +32,85 @@ def train_args(config: str, overrides: list[str], require_gate: bool = True) -> 
     return args + list(overrides)
 
 
-def accelerate_command(config: str, nodes: int, gpus: int, rank: str, master: str, overrides: list[str],
-                       accelerate_config: Path = LAUNCH_DIR / "fsdp_multinode.yaml") -> list[str]:
-    return ["accelerate", "launch", "--config_file", str(accelerate_config), "--num_machines", str(nodes),
-            "--num_processes", str(nodes * gpus), "--machine_rank", rank, "--main_process_ip", master,
-            "--main_process_port", "29500", *train_args(config, overrides)]
+def accelerate_command(
+    config: str,
+    nodes: int,
+    gpus: int,
+    rank: str,
+    master: str,
+    overrides: list[str],
+    accelerate_config: Path = LAUNCH_DIR / "fsdp_multinode.yaml",
+) -> list[str]:
+    return [
+        "accelerate",
+        "launch",
+        "--config_file",
+        str(accelerate_config),
+        "--num_machines",
+        str(nodes),
+        "--num_processes",
+        str(nodes * gpus),
+        "--machine_rank",
+        rank,
+        "--main_process_ip",
+        master,
+        "--main_process_port",
+        "29500",
+        *train_args(config, overrides),
+    ]
 
 
 def torchrun_command(config: str, nodes: int, gpus: int, master: str, overrides: list[str]) -> list[str]:
-    return ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(gpus), "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"{master}:29500", "--rdzv-id", "dapo", *train_args(config, overrides)]
+    return [
+        "torchrun",
+        "--nnodes",
+        str(nodes),
+        "--nproc-per-node",
+        str(gpus),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"{master}:29500",
+        "--rdzv-id",
+        "dapo",
+        *train_args(config, overrides),
+    ]
 
 
-def slurm_script(config: str, nodes: int, gpus: int, overrides: list[str], partition: str | None = None,
-                 hours: int = 72) -> str:
+def slurm_script(
+    config: str, nodes: int, gpus: int, overrides: list[str], partition: str | None = None, hours: int = 72
+) -> str:
     cmd = accelerate_command(config, nodes, gpus, "$SLURM_NODEID", "$MASTER_ADDR", overrides)
     quoted = " ".join(a if a.startswith("$") else shlex.quote(a) for a in cmd)
-    lines = ["#!/bin/bash", "#SBATCH --job-name=dapo", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
-             f"#SBATCH --gpus-per-node={gpus}", "#SBATCH --cpus-per-task=64", "#SBATCH --exclusive",
-             f"#SBATCH --time={hours}:00:00", "#SBATCH --output=dapo-%j.out"]
+    lines = [
+        "#!/bin/bash",
+        "#SBATCH --job-name=dapo",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={gpus}",
+        "#SBATCH --cpus-per-task=64",
+        "#SBATCH --exclusive",
+        f"#SBATCH --time={hours}:00:00",
+        "#SBATCH --output=dapo-%j.out",
+    ]
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
-    lines += ["set -euo pipefail",
-              "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)"]
+    lines += [
+        "set -euo pipefail",
+        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+    ]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in ENV.items()]
-    lines += ["# one launcher per node; accelerate starts the node's GPU processes",
-              f"srun --kill-on-bad-exit=1 bash -c '{quoted}'"]
+    lines += [
+        "# one launcher per node; accelerate starts the node's GPU processes",
+        f"srun --kill-on-bad-exit=1 bash -c '{quoted}'",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="dapo launch", description="Generate a multi-node launch for dapo train.")
+    ap = argparse.ArgumentParser(
+        prog="dapo launch", description="Generate a multi-node launch for dapo train."
+    )
     ap.add_argument("--config", required=True)
     ap.add_argument("--nodes", type=int, required=True)
     ap.add_argument("--gpus-per-node", type=int, default=8)
@@ -84,18 +132,34 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dapo launch: {name}={total} is not divisible by {world} GPUs", file=sys.stderr)
             return 2
     if world % cfg.rollout.tensor_parallel or args.gpus_per_node % cfg.rollout.tensor_parallel:
-        print(f"dapo launch: rollout.tensor_parallel={cfg.rollout.tensor_parallel} must divide the GPUs per node",
-              file=sys.stderr)
+        print(
+            f"dapo launch: rollout.tensor_parallel={cfg.rollout.tensor_parallel} must divide the GPUs per node",
+            file=sys.stderr,
+        )
         return 2
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in ENV.items())
     if args.scheduler == "slurm":
         text = slurm_script(args.config, args.nodes, args.gpus_per_node, args.overrides, args.partition)
     elif args.scheduler == "torchrun":
-        text = env + " " + shlex.join(torchrun_command(args.config, args.nodes, args.gpus_per_node, args.master,
-                                                       args.overrides)) + "\n"
+        text = (
+            env
+            + " "
+            + shlex.join(
+                torchrun_command(args.config, args.nodes, args.gpus_per_node, args.master, args.overrides)
+            )
+            + "\n"
+        )
     else:
-        text = env + " " + shlex.join(accelerate_command(args.config, args.nodes, args.gpus_per_node, args.rank,
-                                                         args.master, args.overrides)) + "\n"
+        text = (
+            env
+            + " "
+            + shlex.join(
+                accelerate_command(
+                    args.config, args.nodes, args.gpus_per_node, args.rank, args.master, args.overrides
+                )
+            )
+            + "\n"
+        )
     if args.out:
         args.out.write_text(text)
         print(f"wrote {args.out}")

@@ -79,9 +79,15 @@ def arch_for(path: str) -> Arch:
     cfg_file = Path(path) / "config.json"
     if cfg_file.is_file():
         c = json.loads(cfg_file.read_text())
-        return Arch(c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"],
-                    c.get("num_key_value_heads", c["num_attention_heads"]), c["intermediate_size"], c["vocab_size"],
-                    bool(c.get("tie_word_embeddings", False)))
+        return Arch(
+            c["hidden_size"],
+            c["num_hidden_layers"],
+            c["num_attention_heads"],
+            c.get("num_key_value_heads", c["num_attention_heads"]),
+            c["intermediate_size"],
+            c["vocab_size"],
+            bool(c.get("tie_word_embeddings", False)),
+        )
     raise ValueError(f"unknown model {path!r}: use one of {sorted(KNOWN)} or a directory with config.json")
 
 
@@ -174,7 +180,9 @@ def plan(cfg, cluster: Cluster, strategy: Strategy = Strategy()) -> Plan:
     gen_phase = resident + reserve + overhead
     problems, advice = [], []
     if train_phase > mem:
-        problems.append(f"training phase needs {train_phase / GiB:.1f} GiB per GPU > {cluster.gpu_mem_gib:g} GiB")
+        problems.append(
+            f"training phase needs {train_phase / GiB:.1f} GiB per GPU > {cluster.gpu_mem_gib:g} GiB"
+        )
         if not (strategy.param_offload and strategy.optimizer_offload):
             advice.append("offload parameters and optimizer states to CPU (FSDP offload)")
         advice.append(f"more GPUs: sharded state is {resident / GiB:.1f} GiB at {n} GPUs")
@@ -183,11 +191,15 @@ def plan(cfg, cluster: Cluster, strategy: Strategy = Strategy()) -> Plan:
         if not sleeping:
             advice.append("rollout.sleep_during_training=true frees the engine's reservation while training")
     if gen_phase > mem:
-        problems.append(f"generation phase needs {gen_phase / GiB:.1f} GiB per GPU > {cluster.gpu_mem_gib:g} GiB")
+        problems.append(
+            f"generation phase needs {gen_phase / GiB:.1f} GiB per GPU > {cluster.gpu_mem_gib:g} GiB"
+        )
         advice.append("lower rollout.gpu_memory_utilization or offload trainer state during generation")
     if engine_weights > reserve:
-        problems.append(f"vLLM weights ({engine_weights / GiB:.1f} GiB per GPU) exceed its reservation "
-                        f"({reserve / GiB:.1f} GiB)")
+        problems.append(
+            f"vLLM weights ({engine_weights / GiB:.1f} GiB per GPU) exceed its reservation "
+            f"({reserve / GiB:.1f} GiB)"
+        )
         advice.append(f"raise rollout.tensor_parallel (now {tp})")
     elif concurrency < 1:
         problems.append("the vLLM KV cache cannot hold one sequence at the generation ceiling")
@@ -205,32 +217,57 @@ def plan(cfg, cluster: Cluster, strategy: Strategy = Strategy()) -> Plan:
     gen_throughput_s = gen_tokens / (n * cluster.decode_tokens_per_s_per_gpu)
     tail_s = rounds * algo.max_len / cluster.decode_tokens_per_s_per_seq
     gen_s = max(gen_throughput_s, tail_s)
-    step = {"generation": gen_s, "generation_rounds": float(rounds), "training": train_s, "total": gen_s + train_s}
+    step = {
+        "generation": gen_s,
+        "generation_rounds": float(rounds),
+        "training": train_s,
+        "total": gen_s + train_s,
+    }
     return Plan(
         params=p,
         per_gpu_gib={k: v / GiB for k, v in {**states, **work, **engine, "overhead": overhead}.items()},
-        train_phase_gib=train_phase / GiB, generation_phase_gib=gen_phase / GiB, fits=not problems,
-        engine_concurrency=concurrency, engine_sequences_needed=per_engine, step_seconds=step,
-        problems=problems, advice=advice,
-        assumptions={**asdict(cluster), **asdict(strategy), "micro_batch_tokens": mb_tokens, "ceiling_tokens": ceiling,
-                     "tensor_parallel": tp, "gpu_memory_utilization": cfg.rollout.gpu_memory_utilization,
-                     "sleep_during_training": sleeping, "mean_response_tokens": mean_resp,
-                     "train_tokens_per_step": train_tokens, "generated_tokens_per_step": gen_tokens},
+        train_phase_gib=train_phase / GiB,
+        generation_phase_gib=gen_phase / GiB,
+        fits=not problems,
+        engine_concurrency=concurrency,
+        engine_sequences_needed=per_engine,
+        step_seconds=step,
+        problems=problems,
+        advice=advice,
+        assumptions={
+            **asdict(cluster),
+            **asdict(strategy),
+            "micro_batch_tokens": mb_tokens,
+            "ceiling_tokens": ceiling,
+            "tensor_parallel": tp,
+            "gpu_memory_utilization": cfg.rollout.gpu_memory_utilization,
+            "sleep_during_training": sleeping,
+            "mean_response_tokens": mean_resp,
+            "train_tokens_per_step": train_tokens,
+            "generated_tokens_per_step": gen_tokens,
+        },
     )
 
 
 def format_plan(pl: Plan, cfg, cluster: Cluster) -> str:
-    lines = [f"model {cfg.model.path}: {pl.params / 1e9:.2f} B parameters; {cluster.nodes} node(s) x "
-             f"{cluster.gpus_per_node} GPUs x {cluster.gpu_mem_gib:g} GiB",
-             "", "per GPU (GiB):"]
+    lines = [
+        f"model {cfg.model.path}: {pl.params / 1e9:.2f} B parameters; {cluster.nodes} node(s) x "
+        f"{cluster.gpus_per_node} GPUs x {cluster.gpu_mem_gib:g} GiB",
+        "",
+        "per GPU (GiB):",
+    ]
     lines += [f"  {k:<32} {v:8.2f}" for k, v in pl.per_gpu_gib.items()]
-    lines += [f"  {'training phase':<32} {pl.train_phase_gib:8.2f}",
-              f"  {'generation phase':<32} {pl.generation_phase_gib:8.2f}",
-              f"vLLM: {pl.engine_concurrency} sequences at the ceiling fit per engine; "
-              f"{pl.engine_sequences_needed} per engine per round requested"
-              + (" (they queue)" if pl.engine_concurrency < pl.engine_sequences_needed else ""),
-              "", "step time (s): " + ", ".join(f"{k} {v:,.0f}" for k, v in pl.step_seconds.items()),
-              "", "FITS" if pl.fits else "DOES NOT FIT"]
+    lines += [
+        f"  {'training phase':<32} {pl.train_phase_gib:8.2f}",
+        f"  {'generation phase':<32} {pl.generation_phase_gib:8.2f}",
+        f"vLLM: {pl.engine_concurrency} sequences at the ceiling fit per engine; "
+        f"{pl.engine_sequences_needed} per engine per round requested"
+        + (" (they queue)" if pl.engine_concurrency < pl.engine_sequences_needed else ""),
+        "",
+        "step time (s): " + ", ".join(f"{k} {v:,.0f}" for k, v in pl.step_seconds.items()),
+        "",
+        "FITS" if pl.fits else "DOES NOT FIT",
+    ]
     lines += [f"  - {p}" for p in pl.problems]
     if pl.advice:
         lines += ["what to change:"] + [f"  - {a}" for a in pl.advice]
@@ -261,9 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < args.acceptance <= 1:
         print("dapo plan: --acceptance must lie in (0, 1]", file=sys.stderr)
         return 2
-    cluster = Cluster(args.nodes, args.gpus, args.gpu_mem, args.gpu_tflops, args.mfu, args.decode_tokens_per_s)
-    strategy = Strategy(param_offload=not args.no_offload, optimizer_offload=not args.no_offload,
-                        micro_batch_tokens=args.micro_batch_tokens, acceptance=args.acceptance)
+    cluster = Cluster(
+        args.nodes, args.gpus, args.gpu_mem, args.gpu_tflops, args.mfu, args.decode_tokens_per_s
+    )
+    strategy = Strategy(
+        param_offload=not args.no_offload,
+        optimizer_offload=not args.no_offload,
+        micro_batch_tokens=args.micro_batch_tokens,
+        acceptance=args.acceptance,
+    )
     try:
         pl = plan(cfg, cluster, strategy)
     except ValueError as err:

@@ -4,7 +4,7 @@ logits are never materialised (:func:`dapo.logprobs.chunked_logprobs`)."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -12,13 +12,14 @@ from torch import Tensor, nn
 from dapo.logprobs import chunked_logprobs
 
 
-def pack(prompt_ids: Tensor, prompt_len: Tensor, response_ids: Tensor, pad_id: int) -> tuple[Tensor, Tensor, Tensor, int]:
+def pack(
+    prompt_ids: Tensor, prompt_len: Tensor, response_ids: Tensor, pad_id: int
+) -> tuple[Tensor, Tensor, Tensor, int]:
     """Left-pad each row's prompt to the batch's longest prompt and append the response.
 
     ``prompt_ids`` [b, P] right-padded with ``prompt_len`` [b]; ``response_ids`` [b, T]
     right-padded. Returns input_ids, attention_mask, position_ids [b, P' + T] and P' (the
     column where every response starts)."""
-    b = prompt_ids.shape[0]
     p_max = int(prompt_len.max())
     cols = torch.arange(p_max, device=prompt_ids.device).unsqueeze(0)
     shift = (p_max - prompt_len).unsqueeze(1)
@@ -41,7 +42,9 @@ class Policy(nn.Module):
     def output_weight(self) -> Tensor:
         return self.lm.get_output_embeddings().weight
 
-    def forward(self, prompt_ids: Tensor, prompt_len: Tensor, response_ids: Tensor, pad_id: int) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, prompt_ids: Tensor, prompt_len: Tensor, response_ids: Tensor, pad_id: int
+    ) -> tuple[Tensor, Tensor]:
         ids, attn, pos, p = pack(prompt_ids, prompt_len, response_ids, pad_id)
         base = self.lm.get_decoder() if hasattr(self.lm, "get_decoder") else self.lm.model
         hidden = base(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state

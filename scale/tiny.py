@@ -9,9 +9,19 @@ SPECIAL = ["<|endoftext|>", "<pad>", "<unk>"]
 WORDS = [str(d) for d in range(10)] + ["Answer:", "\n", "+", "-", "=", "Q:", "?", ",", "."]
 
 
-def build_tiny_model(path: str | Path, *, vocab: int = 24, hidden: int = 128, layers: int = 2, heads: int = 2,
-                     kv_heads: int = 1, intermediate: int = 256, seed: int = 0, max_positions: int = 512,
-                     format_steps: int = 150) -> Path:
+def build_tiny_model(
+    path: str | Path,
+    *,
+    vocab: int = 24,
+    hidden: int = 128,
+    layers: int = 2,
+    heads: int = 2,
+    kv_heads: int = 1,
+    intermediate: int = 256,
+    seed: int = 0,
+    max_positions: int = 512,
+    format_steps: int = 150,
+) -> Path:
     """Write a small Qwen2 (tied embeddings) and its tokenizer to ``path``; return it.
 
     Weights are random, then ``format_steps`` of supervised steps teach the *format* only:
@@ -19,7 +29,7 @@ def build_tiny_model(path: str | Path, *, vocab: int = 24, hidden: int = 128, la
     result is a base model that answers in the right form and is right about 1 time in 10,
     so groups of responses mix right and wrong answers as in real RL runs."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     path = Path(path)
@@ -33,13 +43,23 @@ def build_tiny_model(path: str | Path, *, vocab: int = 24, hidden: int = 128, la
         [pre_tokenizers.Split("\n", behavior="isolated"), pre_tokenizers.WhitespaceSplit()]
     )
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<pad>",
-                                   unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<pad>", unk_token="<unk>"
+    )
     fast.save_pretrained(path)
     cfg = Qwen2Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
-        tie_word_embeddings=True, eos_token_id=0, pad_token_id=1, bos_token_id=None, head_dim=hidden // heads,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        eos_token_id=0,
+        pad_token_id=1,
+        bos_token_id=None,
+        head_dim=hidden // heads,
         torch_dtype="float32",
     )
     torch.manual_seed(seed)
@@ -64,13 +84,15 @@ def _teach_format(model, tokenizer, steps: int, seed: int) -> None:
             a, b = rng.randrange(5), rng.randrange(5)
             prompt = tokenizer(f"Q: {a} + {b} = ?").input_ids
             filler = " ".join(rng.choice(["w0", "w1", ",", "."]) for _ in range(rng.randrange(4)))
-            answer = tokenizer(f"{filler} Answer: {rng.randrange(10)}").input_ids + [tokenizer.eos_token_id]
+            answer = [*tokenizer(f"{filler} Answer: {rng.randrange(10)}").input_ids, tokenizer.eos_token_id]
             rows.append(prompt + answer)
             labels.append([-100] * len(prompt) + answer)
         width = max(map(len, rows))
         ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
         lab = torch.tensor([r + [-100] * (width - len(r)) for r in labels])
-        loss = model(input_ids=ids, attention_mask=(lab != -100) | (ids != tokenizer.pad_token_id), labels=lab).loss
+        loss = model(
+            input_ids=ids, attention_mask=(lab != -100) | (ids != tokenizer.pad_token_id), labels=lab
+        ).loss
         opt.zero_grad()
         loss.backward()
         opt.step()

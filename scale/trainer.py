@@ -65,14 +65,18 @@ def response_logp(policy, mb: RolloutBatch, pad_id: int) -> tuple[torch.Tensor, 
 def with_trainer_logp(policy, batch: RolloutBatch, micro_batch_size: int, pad_id: int) -> RolloutBatch:
     """The batch with ``old_logp`` recomputed by the trainer (the engine's log-probs stay in
     ``rollout_logp``): the ratio's denominator must be the trainer's own numbers."""
-    parts = [response_logp(policy, batch.select(torch.arange(s, min(s + micro_batch_size, batch.size))), pad_id)[0]
-             for s in range(0, batch.size, micro_batch_size)]
+    parts = [
+        response_logp(policy, batch.select(torch.arange(s, min(s + micro_batch_size, batch.size))), pad_id)[0]
+        for s in range(0, batch.size, micro_batch_size)
+    ]
     old = torch.cat(parts).float().cpu()
     old = torch.where(batch.mask, old.clamp(max=0.0), torch.zeros_like(old))
     return RolloutBatch(**{**batch.__dict__, "old_logp": old})
 
 
-def run_update(acc, policy, optimizer, algo, batch: RolloutBatch, micro_batch_size: int, pad_id: int) -> dict[str, float]:
+def run_update(
+    acc, policy, optimizer, algo, batch: RolloutBatch, micro_batch_size: int, pad_id: int
+) -> dict[str, float]:
     """Recompute old log-probs, then :func:`dapo.update` with accelerate's backward, global
     grad-norm clip and a cross-rank sum for the window denominators."""
     world = acc.num_processes
@@ -82,9 +86,16 @@ def run_update(acc, policy, optimizer, algo, batch: RolloutBatch, micro_batch_si
 
     batch = with_trainer_logp(policy, batch, micro_batch_size, pad_id)
     params = list(policy.parameters())
-    m = update(batch, lambda mb: response_logp(policy, mb, pad_id), optimizer, algo,
-               micro_batch_size=micro_batch_size, dp=DataParallel(world, all_reduce_sum if world > 1 else None),
-               backward=acc.backward, clip_grad_norm=lambda mx: acc.clip_grad_norm_(params, mx))
+    m = update(
+        batch,
+        lambda mb: response_logp(policy, mb, pad_id),
+        optimizer,
+        algo,
+        micro_batch_size=micro_batch_size,
+        dp=DataParallel(world, all_reduce_sum if world > 1 else None),
+        backward=acc.backward,
+        clip_grad_norm=lambda mx: acc.clip_grad_norm_(params, mx),
+    )
     if batch.rollout_logp is not None:
         gap = (batch.old_logp - batch.rollout_logp).abs()[batch.mask]
         m["mismatch/logp_gap_max"] = float(gap.max()) if gap.numel() else math.nan
@@ -100,7 +111,8 @@ class Trainer:
         self.log = log
         self.out = Path(cfg.output.dir)
         self.acc = accelerator or Accelerator(
-            mixed_precision=cfg.train.mixed_precision, log_with=list(cfg.output.trackers) or None,
+            mixed_precision=cfg.train.mixed_precision,
+            log_with=list(cfg.output.trackers) or None,
             project_dir=str(self.out),
         )
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
@@ -116,14 +128,26 @@ class Trainer:
         self.eos_id, self.pad_id = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
 
         # data first: refuse to start (before allocating a model) if any record is malformed
-        self.problems = load_problems(cfg.data.train, split=cfg.data.train_split, prompt_key=cfg.data.prompt_key,
-                                      answer_key=cfg.data.answer_key, template=cfg.data.template,
-                                      tokenizer=self.tokenizer, max_prompt_tokens=cfg.data.max_prompt_tokens)
+        self.problems = load_problems(
+            cfg.data.train,
+            split=cfg.data.train_split,
+            prompt_key=cfg.data.prompt_key,
+            answer_key=cfg.data.answer_key,
+            template=cfg.data.template,
+            tokenizer=self.tokenizer,
+            max_prompt_tokens=cfg.data.max_prompt_tokens,
+        )
         self.eval_problems = None
         if cfg.data.eval:
-            self.eval_problems = load_problems(cfg.data.eval, split=cfg.data.eval_split, prompt_key=cfg.data.prompt_key,
-                                               answer_key=cfg.data.answer_key, template=cfg.data.template,
-                                               tokenizer=self.tokenizer, max_prompt_tokens=cfg.data.max_prompt_tokens)
+            self.eval_problems = load_problems(
+                cfg.data.eval,
+                split=cfg.data.eval_split,
+                prompt_key=cfg.data.prompt_key,
+                answer_key=cfg.data.answer_key,
+                template=cfg.data.template,
+                tokenizer=self.tokenizer,
+                max_prompt_tokens=cfg.data.max_prompt_tokens,
+            )
             if cfg.eval.limit:
                 self.eval_problems = self.eval_problems[: cfg.eval.limit]
         self.stream = PromptStream(self.problems, seed=cfg.data.shuffle_seed + self.rank)
@@ -134,11 +158,16 @@ class Trainer:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             lm.config.use_cache = False
         policy = Policy(lm, chunk=cfg.model.logprob_chunk)
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.train.lr, betas=tuple(cfg.train.betas),
-                                      weight_decay=cfg.train.weight_decay)
+        optimizer = torch.optim.AdamW(
+            policy.parameters(),
+            lr=cfg.train.lr,
+            betas=tuple(cfg.train.betas),
+            weight_decay=cfg.train.weight_decay,
+        )
         warm = cfg.train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
+            optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0
+        )
         self.policy, self.optimizer = self.acc.prepare(policy, optimizer)
         self.step = 0
         self.totals = {"responses": 0.0, "tokens": 0.0, "optimizer_steps": 0.0, "skipped_steps": 0.0}
@@ -146,8 +175,10 @@ class Trainer:
         if resume:
             self._resume(resume)
         elif ckpt.latest(self.out) is not None or (self.out / "metrics.jsonl").is_file():
-            raise FileExistsError(f"{self.out} holds a previous run (checkpoints or metrics.jsonl); continue it "
-                                  "with --resume auto, or choose another output.dir")
+            raise FileExistsError(
+                f"{self.out} holds a previous run (checkpoints or metrics.jsonl); continue it "
+                "with --resume auto, or choose another output.dir"
+            )
         self.engine = self._make_engine()
         self._sync_engine()
         if self.acc.is_main_process:
@@ -185,11 +216,16 @@ class Trainer:
             return make_engine("hf", model=self._unwrapped().lm, eos_id=self.eos_id, pad_id=self.pad_id)
         longest = max(len(self._encode(p.prompt)) for p in self.problems[:2000])
         return make_engine(
-            "vllm", model_path=c.model.path, dtype=c.model.dtype,
+            "vllm",
+            model_path=c.model.path,
+            dtype=c.model.dtype,
             max_model_len=c.rollout.max_model_len or longest + c.algo.max_len,
-            gpu_memory_utilization=c.rollout.gpu_memory_utilization, tensor_parallel=c.rollout.tensor_parallel,
-            seed=c.rollout.seed + self.rank, sleep_during_training=c.rollout.sleep_during_training,
-            sync_timeout_s=c.rollout.sync_timeout_s, distributed=self.world > 1 and c.rollout.tensor_parallel > 1,
+            gpu_memory_utilization=c.rollout.gpu_memory_utilization,
+            tensor_parallel=c.rollout.tensor_parallel,
+            seed=c.rollout.seed + self.rank,
+            sleep_during_training=c.rollout.sleep_during_training,
+            sync_timeout_s=c.rollout.sync_timeout_s,
+            distributed=self.world > 1 and c.rollout.tensor_parallel > 1,
         )
 
     def _check_contamination(self) -> None:
@@ -200,8 +236,10 @@ class Trainer:
         (self.out / "contamination.json").write_text(json.dumps([asdict(h) for h in hits], indent=2))
         if hits:
             rows = sorted({h.eval_row for h in hits})
-            self.log(f"warning: {len(hits)} train/eval prompt pair(s) share {n}-grams (eval rows {rows[:10]}"
-                     f"{'...' if len(rows) > 10 else ''}); see {self.out / 'contamination.json'}")
+            self.log(
+                f"warning: {len(hits)} train/eval prompt pair(s) share {n}-grams (eval rows {rows[:10]}"
+                f"{'...' if len(rows) > 10 else ''}); see {self.out / 'contamination.json'}"
+            )
 
     def _encode(self, prompt: str) -> list[int]:
         ids = self._prompt_ids.get(prompt)
@@ -222,7 +260,7 @@ class Trainer:
         prompt_ids = torch.full((b, p_max), self.pad_id, dtype=torch.long)
         response_ids = torch.full((b, t), self.pad_id, dtype=torch.long)
         rollout_logp = torch.zeros(b, t, dtype=torch.float32)
-        for i, ((prob, gen), pids) in enumerate(zip(flat, prompts)):
+        for i, ((_prob, gen), pids) in enumerate(zip(flat, prompts)):
             prompt_ids[i, : len(pids)] = torch.tensor(pids)
             response_ids[i, : len(gen.token_ids)] = torch.tensor(gen.token_ids)
             rollout_logp[i, : len(gen.logprobs)] = torch.tensor(gen.logprobs)
@@ -234,11 +272,20 @@ class Trainer:
         rollout_logp = torch.where(mask, rollout_logp.clamp(max=0.0), torch.zeros_like(rollout_logp))
         ids = torch.tensor([zlib.crc32(f"{p.source}:{p.row}".encode()) & 0x7FFFFFFF for p, _ in flat])
         return RolloutBatch(
-            old_logp=rollout_logp.clone(), rollout_logp=rollout_logp, mask=mask, lengths=lengths,
-            truncated=truncated, correct=correct, rewards=config_reward(correct, lengths, algo).float(),
-            group_ids=ids, group_size=g,
-            extras={"prompt_ids": prompt_ids, "prompt_len": torch.tensor([len(p) for p in prompts]),
-                    "response_ids": response_ids},
+            old_logp=rollout_logp.clone(),
+            rollout_logp=rollout_logp,
+            mask=mask,
+            lengths=lengths,
+            truncated=truncated,
+            correct=correct,
+            rewards=config_reward(correct, lengths, algo).float(),
+            group_ids=ids,
+            group_size=g,
+            extras={
+                "prompt_ids": prompt_ids,
+                "prompt_len": torch.tensor([len(p) for p in prompts]),
+                "response_ids": response_ids,
+            },
         )
 
     def _empty_groups(self, n_groups: int, t: int) -> RolloutBatch:
@@ -247,13 +294,20 @@ class Trainer:
         g = self.cfg.algo.group_size
         b = n_groups * g
         return RolloutBatch(
-            old_logp=torch.zeros(b, t), rollout_logp=torch.zeros(b, t), mask=torch.zeros(b, t, dtype=torch.bool),
-            lengths=torch.zeros(b, dtype=torch.long), truncated=torch.zeros(b, dtype=torch.bool),
-            correct=torch.zeros(b, dtype=torch.bool), rewards=torch.zeros(b),
-            group_ids=torch.full((b,), -1, dtype=torch.long), group_size=g,
-            extras={"prompt_ids": torch.full((b, 1), self.pad_id, dtype=torch.long),
-                    "prompt_len": torch.ones(b, dtype=torch.long),
-                    "response_ids": torch.full((b, t), self.pad_id, dtype=torch.long)},
+            old_logp=torch.zeros(b, t),
+            rollout_logp=torch.zeros(b, t),
+            mask=torch.zeros(b, t, dtype=torch.bool),
+            lengths=torch.zeros(b, dtype=torch.long),
+            truncated=torch.zeros(b, dtype=torch.bool),
+            correct=torch.zeros(b, dtype=torch.bool),
+            rewards=torch.zeros(b),
+            group_ids=torch.full((b,), -1, dtype=torch.long),
+            group_size=g,
+            extras={
+                "prompt_ids": torch.full((b, 1), self.pad_id, dtype=torch.long),
+                "prompt_len": torch.ones(b, dtype=torch.long),
+                "response_ids": torch.full((b, t), self.pad_id, dtype=torch.long),
+            },
         )
 
     def collect(self) -> tuple[RolloutBatch | None, dict[str, float]]:
@@ -265,9 +319,13 @@ class Trainer:
         while not sampler.done:
             problems = self.stream.take(c.gen_groups // self.world)
             gens = self.engine.generate(
-                [self._encode(p.prompt) for p in problems], n=algo.group_size, max_tokens=algo.max_len,
-                temperature=c.rollout.temperature, top_p=c.rollout.top_p,
-                seed=_seed(c.rollout.seed, self.rank, self.step, sampler.rounds))
+                [self._encode(p.prompt) for p in problems],
+                n=algo.group_size,
+                max_tokens=algo.max_len,
+                temperature=c.rollout.temperature,
+                top_p=c.rollout.top_p,
+                seed=_seed(c.rollout.seed, self.rank, self.step, sampler.rounds),
+            )
             sampler.add(self._to_batch(problems, gens))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", SamplingWarning)
@@ -301,8 +359,11 @@ class Trainer:
             batch = pad if batch is None else RolloutBatch.concat([batch, pad])
         self.engine.sleep()
         t1 = time.perf_counter()
-        m.update(run_update(self.acc, self.policy, self.optimizer, c.algo, batch, c.train.micro_batch_size,
-                            self.pad_id))
+        m.update(
+            run_update(
+                self.acc, self.policy, self.optimizer, c.algo, batch, c.train.micro_batch_size, self.pad_id
+            )
+        )
         with warnings.catch_warnings():  # a step whose batch was empty took no optimizer step
             warnings.filterwarnings("ignore", message="Detected call of", category=UserWarning)
             self.scheduler.step()
@@ -320,11 +381,28 @@ class Trainer:
             return {}
         e, algo = self.cfg.eval, self.cfg.algo
         mine = self.eval_problems[self.rank :: self.world]
-        gens = self.engine.generate([self._encode(p.prompt) for p in mine], n=e.k,
-                                    max_tokens=e.max_new_tokens or algo.max_len, temperature=e.temperature,
-                                    top_p=e.top_p, seed=_seed("eval", self.rank, self.step)) if mine else []
-        results = [ProblemResult(p.answer, [canonical_prediction(
-            self.tokenizer.decode(g.token_ids, skip_special_tokens=True)) for g in row]) for p, row in zip(mine, gens)]
+        gens = (
+            self.engine.generate(
+                [self._encode(p.prompt) for p in mine],
+                n=e.k,
+                max_tokens=e.max_new_tokens or algo.max_len,
+                temperature=e.temperature,
+                top_p=e.top_p,
+                seed=_seed("eval", self.rank, self.step),
+            )
+            if mine
+            else []
+        )
+        results = [
+            ProblemResult(
+                p.answer,
+                [
+                    canonical_prediction(self.tokenizer.decode(g.token_ids, skip_special_tokens=True))
+                    for g in row
+                ],
+            )
+            for p, row in zip(mine, gens)
+        ]
         from accelerate.utils import gather_object
 
         everything = gather_object([results]) if self.world > 1 else [results]
@@ -353,8 +431,11 @@ class Trainer:
         path = self._metrics_path()
         if not self.acc.is_main_process or not path.is_file():
             return
-        keep = [line for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", -1) < self.step]
+        keep = [
+            line
+            for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", -1) < self.step
+        ]
         path.write_text("".join(line + "\n" for line in keep))
 
     def _write_metrics(self, m: dict[str, float]) -> None:
@@ -364,8 +445,10 @@ class Trainer:
         with self._metrics_path().open("a") as f:
             f.write(json.dumps(clean) + "\n")
         if self.cfg.output.trackers:
-            self.acc.log({k: v for k, v in m.items() if isinstance(v, (int, float)) and math.isfinite(v)},
-                         step=int(m["step"]))
+            self.acc.log(
+                {k: v for k, v in m.items() if isinstance(v, (int, float)) and math.isfinite(v)},
+                step=int(m["step"]),
+            )
 
     def train(self, steps: int | None = None) -> list[dict[str, float]]:
         """Run to ``train.steps`` (or ``steps`` more steps); returns this call's metrics."""
@@ -384,8 +467,10 @@ class Trainer:
             self.totals["optimizer_steps"] += m["actor/optimizer_steps"]
             self.totals["skipped_steps"] += m["actor/skipped_steps"]
             if m["actor/skipped_steps"]:
-                self.log(f"step {self.step}: skipped {m['actor/skipped_steps']:.0f} optimizer step(s) with a "
-                         "non-finite loss or gradient; weights left unchanged for them")
+                self.log(
+                    f"step {self.step}: skipped {m['actor/skipped_steps']:.0f} optimizer step(s) with a "
+                    "non-finite loss or gradient; weights left unchanged for them"
+                )
             m = self._reduce_metrics(m)
             m["step"] = float(self.step)
             m.update({f"cost/{k}_total": v for k, v in self.totals.items()})
@@ -396,8 +481,10 @@ class Trainer:
             history.append(m)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(acc=f"{m.get('rollout/accuracy', math.nan):.3f}",
-                                ent=f"{m.get('actor/entropy', math.nan):.3f}")
+                bar.set_postfix(
+                    acc=f"{m.get('rollout/accuracy', math.nan):.3f}",
+                    ent=f"{m.get('actor/entropy', math.nan):.3f}",
+                )
             if (c.output.checkpoint_every and self.step % c.output.checkpoint_every == 0) or self.step == end:
                 self.save()
         if bar is not None:
@@ -419,15 +506,28 @@ class Trainer:
         rank_state = {"rng": ckpt.rng_state(), "stream": self.stream.state_dict()}
         states = gather_object([rank_state]) if self.world > 1 else [rank_state]
         state_dict = self.acc.get_state_dict(self.policy)
-        lm_state = {k[len("lm."):]: v for k, v in state_dict.items() if k.startswith("lm.")}
+        lm_state = {k[len("lm.") :]: v for k, v in state_dict.items() if k.startswith("lm.")}
         optim_state = self.optimizer.state_dict()
         if not self.acc.is_main_process:
             return None
-        trainer_state = {"step": self.step, "totals": self.totals, "world_size": self.world,
-                         "config": self.cfg.to_dict()}
-        return ckpt.save(self.out, self.step, lm=self._unwrapped().lm, tokenizer=self.tokenizer, state_dict=lm_state,
-                         optimizer_state=optim_state, scheduler_state=self.scheduler.state_dict(),
-                         rank_states=states, trainer_state=trainer_state, keep=self.cfg.output.keep_checkpoints)
+        trainer_state = {
+            "step": self.step,
+            "totals": self.totals,
+            "world_size": self.world,
+            "config": self.cfg.to_dict(),
+        }
+        return ckpt.save(
+            self.out,
+            self.step,
+            lm=self._unwrapped().lm,
+            tokenizer=self.tokenizer,
+            state_dict=lm_state,
+            optimizer_state=optim_state,
+            scheduler_state=self.scheduler.state_dict(),
+            rank_states=states,
+            trainer_state=trainer_state,
+            keep=self.cfg.output.keep_checkpoints,
+        )
 
     def _resume(self, resume: str) -> None:
         path = ckpt.latest(self.out) if resume == "auto" else Path(resume)
@@ -436,13 +536,16 @@ class Trainer:
             return
         state = ckpt.load_trainer_state(path)
         if state["world_size"] != self.world:
-            raise ValueError(f"{path} was written by {state['world_size']} processes, this run has {self.world}")
+            raise ValueError(
+                f"{path} was written by {state['world_size']} processes, this run has {self.world}"
+            )
         model_state = ckpt.load_model_state(path)
         unwrapped = self._unwrapped()
         missing, unexpected = unwrapped.lm.load_state_dict(model_state, strict=False)
         if unexpected or [k for k in missing if k != "lm_head.weight"]:
-            raise ValueError(f"{path}: weights do not match the model (missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]})")
+            raise ValueError(
+                f"{path}: weights do not match the model (missing {missing[:5]}, unexpected {unexpected[:5]})"
+            )
         self.optimizer.load_state_dict(ckpt.load_tensors(path, "optimizer.pt"))
         self.scheduler.load_state_dict(ckpt.load_tensors(path, "scheduler.pt"))
         mine = ckpt.load_tensors(path, f"rank{self.rank}.pt")

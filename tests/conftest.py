@@ -4,7 +4,10 @@ import torch
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
-    "ci", max_examples=60, deadline=None, derandomize=True,
+    "ci",
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile("dev", max_examples=300, deadline=None)

@@ -8,10 +8,10 @@ import sys
 import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs
+from multiproc import worker
 from transformers import AutoModelForCausalLM
 
 from dapo import AlgoConfig, RolloutBatch
-from multiproc import worker
 from scale.policy import Policy
 from scale.topology import dist_timeout
 from scale.trainer import run_update
@@ -26,14 +26,25 @@ def batch(pad_id: int) -> RolloutBatch:
     mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
     response = torch.where(mask, torch.randint(3, 20, (b, T), generator=g), torch.full((b, T), pad_id))
     prompt_len = torch.randint(1, P + 1, (b,), generator=g)
-    prompt = torch.where(torch.arange(P).unsqueeze(0) < prompt_len.unsqueeze(1),
-                         torch.randint(3, 20, (b, P), generator=g), torch.full((b, P), pad_id))
+    prompt = torch.where(
+        torch.arange(P).unsqueeze(0) < prompt_len.unsqueeze(1),
+        torch.randint(3, 20, (b, P), generator=g),
+        torch.full((b, P), pad_id),
+    )
     correct = torch.tensor([True, False, True, True, False, False, True, False])
     rollout = torch.where(mask, -torch.rand(b, T, generator=g), torch.zeros(b, T))
-    return RolloutBatch(old_logp=rollout.clone(), rollout_logp=rollout, mask=mask, lengths=lengths,
-                        truncated=lengths == T, correct=correct, rewards=torch.where(correct, 1.0, -1.0),
-                        group_ids=torch.arange(GROUPS).repeat_interleave(G), group_size=G,
-                        extras={"prompt_ids": prompt, "prompt_len": prompt_len, "response_ids": response})
+    return RolloutBatch(
+        old_logp=rollout.clone(),
+        rollout_logp=rollout,
+        mask=mask,
+        lengths=lengths,
+        truncated=lengths == T,
+        correct=correct,
+        rewards=torch.where(correct, 1.0, -1.0),
+        group_ids=torch.arange(GROUPS).repeat_interleave(G),
+        group_size=G,
+        extras={"prompt_ids": prompt, "prompt_len": prompt_len, "response_ids": response},
+    )
 
 
 def main() -> None:
@@ -48,8 +59,15 @@ def main() -> None:
     opt = torch.optim.SGD(policy.parameters(), lr=0.5)
     policy, opt = acc.prepare(policy, opt)
     full = batch(pad_id=1)
-    algo = AlgoConfig(group_size=G, train_groups=GROUPS, mini_batch_groups=2, expected_len=4, cache_len=1,
-                      max_grad_norm=1.0, tis_cap=2.0)
+    algo = AlgoConfig(
+        group_size=G,
+        train_groups=GROUPS,
+        mini_batch_groups=2,
+        expected_len=4,
+        cache_len=1,
+        max_grad_norm=1.0,
+        tis_cap=2.0,
+    )
     world, rank = acc.num_processes, acc.process_index
     if world == 1:
         order = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else list(range(GROUPS))

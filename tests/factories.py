@@ -5,8 +5,9 @@ import torch
 from dapo.batch import RolloutBatch
 
 
-def random_batch(n_groups=3, group_size=4, max_len=6, seed=0, p_correct=0.5, rollout=False,
-                 min_len=1, dtype=torch.float64):
+def random_batch(
+    n_groups=3, group_size=4, max_len=6, seed=0, p_correct=0.5, rollout=False, min_len=1, dtype=torch.float64
+):
     g = torch.Generator().manual_seed(seed)
     b = n_groups * group_size
     lengths = torch.randint(min_len, max_len + 1, (b,), generator=g)
@@ -21,7 +22,14 @@ def random_batch(n_groups=3, group_size=4, max_len=6, seed=0, p_correct=0.5, rol
         kw["rollout_logp"] = old_logp + 0.05 * torch.randn(b, max_len, generator=g, dtype=dtype)
         kw["rollout_logp"] = torch.where(mask, kw["rollout_logp"].clamp(max=0), torch.zeros_like(old_logp))
     return RolloutBatch(
-        old_logp=old_logp, mask=mask, lengths=lengths, truncated=truncated, correct=correct,
-        rewards=rewards, group_ids=torch.arange(n_groups).repeat_interleave(group_size),
-        group_size=group_size, extras={"row": torch.arange(b)}, **kw,
+        old_logp=old_logp,
+        mask=mask,
+        lengths=lengths,
+        truncated=truncated,
+        correct=correct,
+        rewards=rewards,
+        group_ids=torch.arange(n_groups).repeat_interleave(group_size),
+        group_size=group_size,
+        extras={"row": torch.arange(b)},
+        **kw,
     )

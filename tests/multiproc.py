@@ -32,9 +32,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -64,18 +64,22 @@ def _rank_outputs(log_dir: Path) -> list[RankOutput]:
     for err in sorted(log_dir.glob("*/attempt_*/*/stderr.log")):
         rank = int(err.parent.name)
         out = err.parent / "stdout.log"
-        found[rank] = RankOutput(rank, out.read_text(errors="replace") if out.exists() else "",
-                                 err.read_text(errors="replace"))
+        found[rank] = RankOutput(
+            rank, out.read_text(errors="replace") if out.exists() else "", err.read_text(errors="replace")
+        )
     return [found[r] for r in sorted(found)]
 
 
-_FAILURE = re.compile(r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)[^\n]*?(\((SIG\w+)\))?\s*$",
-                      re.MULTILINE)
+_FAILURE = re.compile(
+    r"rank\s*:\s*(\d+) \(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)[^\n]*?(\((SIG\w+)\))?\s*$", re.MULTILINE
+)
 
 
 def failed_ranks(agent_output: str) -> dict[int, str]:
     """``{rank: "exit status 1" | "SIGABRT"}`` from torchrun's failure summary."""
-    return {int(m.group(1)): m.group(4) or f"exit status {m.group(2)}" for m in _FAILURE.finditer(agent_output)}
+    return {
+        int(m.group(1)): m.group(4) or f"exit status {m.group(2)}" for m in _FAILURE.finditer(agent_output)
+    }
 
 
 def _describe(what: str, agent_output: str, ranks: list[RankOutput]) -> str:
@@ -134,46 +138,72 @@ def _kill_tree(pid: int) -> None:
         time.sleep(0.05)
 
 
-def run_script(argv: list[str], nproc: int, *, timeout_s: float = 240, dist_timeout_s: float = 30) -> list[RankOutput]:
+def run_script(
+    argv: list[str], nproc: int, *, timeout_s: float = 240, dist_timeout_s: float = 30
+) -> list[RankOutput]:
     """Run ``argv`` (a script and its arguments, or ``-m module ...``) as ``nproc`` ranks
     under ``torchrun --standalone`` from the repository root; return every rank's output.
 
     Raises :class:`MultiprocessError` naming the failed rank, its exit status or signal
     and its stderr, or after ``timeout_s`` seconds (every rank is killed first)."""
     run_env = dict(os.environ)
-    run_env.update({
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS), run_env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        "DAPO_DIST_TIMEOUT_S": str(dist_timeout_s),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONFAULTHANDLER": "1",
-        "PYTHONUNBUFFERED": "1",
-    })
+    run_env.update(
+        {
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS), run_env.get("PYTHONPATH", "")]).rstrip(
+                os.pathsep
+            ),
+            "DAPO_DIST_TIMEOUT_S": str(dist_timeout_s),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONFAULTHANDLER": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     with tempfile.TemporaryDirectory(prefix="dapo-mp-") as tmp:
         log_dir = Path(tmp)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "--max-restarts=0", "--redirects=3", f"--log-dir={log_dir}", *argv]
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "--max-restarts=0",
+            "--redirects=3",
+            f"--log-dir={log_dir}",
+            *argv,
+        ]
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         try:
             agent_output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _kill_tree(proc.pid)  # the agent and every rank: nothing outlives the test
             agent_output, _ = proc.communicate()
-            raise MultiprocessError(_describe(f"{argv} did not finish within {timeout_s:.0f} s; every rank was killed",
-                                              agent_output, _rank_outputs(log_dir))) from None
+            raise MultiprocessError(
+                _describe(
+                    f"{argv} did not finish within {timeout_s:.0f} s; every rank was killed",
+                    agent_output,
+                    _rank_outputs(log_dir),
+                )
+            ) from None
         ranks = _rank_outputs(log_dir)
         if proc.returncode != 0:
             raise MultiprocessError(_describe(f"{argv} failed", agent_output, ranks))
         return ranks
 
 
-def run_function(target: str, nproc: int, *, timeout_s: float = 240, dist_timeout_s: float = 30,
-                 **kwargs) -> list[RankOutput]:
+def run_function(
+    target: str, nproc: int, *, timeout_s: float = 240, dist_timeout_s: float = 30, **kwargs
+) -> list[RankOutput]:
     """Run ``target`` (``"module:function"``, importable from ``tests/`` or the repository
     root) on ``nproc`` ranks as ``function(rank, world, **kwargs)`` inside an initialised
     gloo process group; ``kwargs`` must be JSON values. See :func:`run_script`."""
-    return run_script([str(Path(__file__)), target, json.dumps(kwargs)], nproc, timeout_s=timeout_s,
-                      dist_timeout_s=dist_timeout_s)
+    return run_script(
+        [str(Path(__file__)), target, json.dumps(kwargs)],
+        nproc,
+        timeout_s=timeout_s,
+        dist_timeout_s=dist_timeout_s,
+    )
 
 
 def _exit_now(status: int) -> None:
@@ -200,9 +230,12 @@ def worker(body: Callable[[], None]) -> None:
     # body's frame, and with it every wrapped module it held, is gone by now
     leaked = shutdown()
     if leaked:
-        print(f"multiproc: the process group outlived destroy_process_group(): gloo threads {leaked} are still "
-              "running, so something still holds the group (a DDP/FSDP module, an optimizer, accelerate's "
-              "prepared objects: call Accelerator.free_memory()). See scale/topology.py.", file=sys.stderr)
+        print(
+            f"multiproc: the process group outlived destroy_process_group(): gloo threads {leaked} are still "
+            "running, so something still holds the group (a DDP/FSDP module, an optimizer, accelerate's "
+            "prepared objects: call Accelerator.free_memory()). See scale/topology.py.",
+            file=sys.stderr,
+        )
         _exit_now(LEAK_STATUS)
 
 

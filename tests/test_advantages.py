@@ -2,15 +2,23 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dapo.advantages import group_advantages
 
 rewards_st = st.integers(2, 8).flatmap(
     lambda g: st.tuples(
         st.just(g),
-        st.lists(st.lists(st.sampled_from([-1.0, 1.0, -1.5, 0.5, 0.25, -1.25]) | st.floats(-5, 5), min_size=g, max_size=g),
-                 min_size=1, max_size=6),
+        st.lists(
+            st.lists(
+                st.sampled_from([-1.0, 1.0, -1.5, 0.5, 0.25, -1.25]) | st.floats(-5, 5),
+                min_size=g,
+                max_size=g,
+            ),
+            min_size=1,
+            max_size=6,
+        ),
     )
 )
 
@@ -58,11 +66,11 @@ def test_uniform_group_exact_zero_despite_rounding():
 def test_float64_uniform_groups_are_exactly_zero(value, g, std_norm):
     # float64 keeps the mean's rounding residue (mean of three 0.1s is 0.1 + 1.4e-17)
     r = torch.full((3 * g,), value, dtype=torch.float64)
-    r[g:2 * g] = 0.1
-    r[2 * g:] = 2.0 ** torch.arange(g, dtype=torch.float64)  # an informative group beside them (no A = 0)
+    r[g : 2 * g] = 0.1
+    r[2 * g :] = 2.0 ** torch.arange(g, dtype=torch.float64)  # an informative group beside them (no A = 0)
     adv = group_advantages(r, g, std_norm=std_norm)
-    assert torch.equal(adv[:2 * g], torch.zeros(2 * g, dtype=torch.float64))
-    assert torch.all(adv[2 * g:] != 0)
+    assert torch.equal(adv[: 2 * g], torch.zeros(2 * g, dtype=torch.float64))
+    assert torch.all(adv[2 * g :] != 0)
 
 
 def test_eps_is_added_to_the_std_not_under_the_root():
@@ -70,8 +78,11 @@ def test_eps_is_added_to_the_std_not_under_the_root():
     a = group_advantages(r, 4, eps=0.5)
     assert torch.allclose(a, torch.tensor([1.5, -0.5, -0.5, -0.5], dtype=torch.float64) / 1.5, atol=1e-15)
     r = torch.tensor([3.0, 1.0], dtype=torch.float64)  # sample std sqrt(2)
-    assert torch.allclose(group_advantages(r, 2, eps=0.1), torch.tensor([1.0, -1.0], dtype=torch.float64)
-                          / (math.sqrt(2) + 0.1), atol=1e-15)
+    assert torch.allclose(
+        group_advantages(r, 2, eps=0.1),
+        torch.tensor([1.0, -1.0], dtype=torch.float64) / (math.sqrt(2) + 0.1),
+        atol=1e-15,
+    )
 
 
 def test_known_values_and_errors():
@@ -100,7 +111,9 @@ def test_leading_run_dimensions_are_independent_rows(data, std_norm, runs):
     stacked = torch.stack([r * (i + 1) for i in range(runs)])
     adv = group_advantages(stacked, g, std_norm=std_norm)
     for i in range(runs):  # equal up to rounding: a reduction kernel may order a batch of rows differently
-        assert torch.allclose(adv[i], group_advantages(r * (i + 1), g, std_norm=std_norm), rtol=1e-12, atol=1e-12)
+        assert torch.allclose(
+            adv[i], group_advantages(r * (i + 1), g, std_norm=std_norm), rtol=1e-12, atol=1e-12
+        )
 
 
 @given(rewards_st, st.booleans(), st.data())
@@ -131,12 +144,16 @@ def test_filtered_group_stats_known_values():
     cfg = AlgoConfig(group_size=4, expected_len=4, cache_len=2, overlong_filter=True, soft_overlong=True)
 
     def adv(mode, **kw):
-        return config_advantages(rewards, correct, lengths, truncated, 4, cfg.replace(filtered_group_stats=mode, **kw))
+        return config_advantages(
+            rewards, correct, lengths, truncated, 4, cfg.replace(filtered_group_stats=mode, **kw)
+        )
 
     shaped = adv("shaped")
     assert torch.allclose(shaped, group_advantages(rewards, 4))
     unpen = adv("unpenalized")  # the truncated response enters at -1
-    assert torch.allclose(unpen, group_advantages(torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64), 4))
+    assert torch.allclose(
+        unpen, group_advantages(torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64), 4)
+    )
     excl = adv("excluded")  # mean 1/3 and sample std of (1, 1, -1) over the three that terminated
     assert excl[3] == 0
     assert torch.allclose(excl[:3], group_advantages(rewards[:3], 3))

@@ -1,13 +1,21 @@
 import pytest
 import torch
+from factories import random_batch
 
 from dapo.batch import BatchError, RolloutBatch
-from factories import random_batch
 
 
 def _fields(b):
-    return dict(old_logp=b.old_logp, mask=b.mask, lengths=b.lengths, truncated=b.truncated,
-                correct=b.correct, rewards=b.rewards, group_ids=b.group_ids, group_size=b.group_size)
+    return dict(
+        old_logp=b.old_logp,
+        mask=b.mask,
+        lengths=b.lengths,
+        truncated=b.truncated,
+        correct=b.correct,
+        rewards=b.rewards,
+        group_ids=b.group_ids,
+        group_size=b.group_size,
+    )
 
 
 @pytest.mark.parametrize(
@@ -63,7 +71,7 @@ def test_select_concat_roundtrip():
     sub = c.select([0, 5])
     assert sub.group_size is None
     with pytest.raises(BatchError):
-        sub.num_groups
+        _ = sub.num_groups
 
 
 def test_concat_rejects_mixed():

@@ -1,7 +1,8 @@
 import dataclasses
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dapo.config import GRPO, LADDER, PRESETS, SWITCHES, AlgoConfig, ConfigError, from_dict, with_switches
 
@@ -28,11 +29,25 @@ def test_paper_defaults():
 @pytest.mark.parametrize(
     "field,value",
     [
-        ("eps_low", 0.0), ("eps_low", 1.0), ("eps_low", -0.1), ("eps_low", float("nan")),
-        ("eps_high", 0.0), ("clip_ratio_c", 0.5), ("loss_agg", "mean"), ("group_size", 1),
-        ("adv_eps", 0.0), ("expected_len", 0), ("cache_len", -1), ("max_gen_rounds", 0),
-        ("mini_batch_groups", 0), ("ppo_epochs", 0), ("max_grad_norm", 0.0), ("tis_cap", 0.5),
-        ("overlong_filter", "yes"), ("expected_len", 1.5), ("group_size", True),
+        ("eps_low", 0.0),
+        ("eps_low", 1.0),
+        ("eps_low", -0.1),
+        ("eps_low", float("nan")),
+        ("eps_high", 0.0),
+        ("clip_ratio_c", 0.5),
+        ("loss_agg", "mean"),
+        ("group_size", 1),
+        ("adv_eps", 0.0),
+        ("expected_len", 0),
+        ("cache_len", -1),
+        ("max_gen_rounds", 0),
+        ("mini_batch_groups", 0),
+        ("ppo_epochs", 0),
+        ("max_grad_norm", 0.0),
+        ("tis_cap", 0.5),
+        ("overlong_filter", "yes"),
+        ("expected_len", 1.5),
+        ("group_size", True),
         ("mini_batch_groups", 1024),
     ],
 )

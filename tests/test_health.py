@@ -18,8 +18,10 @@ def ramp(n, a, b):
 
 def test_entropy_collapse_fires_with_start_step_and_clip_evidence():
     ent = [1.0] * 20 + ramp(20, 1.0, 0.3) + [0.3] * 40
-    run = [{"step": i, "actor/entropy": e, "actor/clipfrac_upper": 0.05, "actor/upclip_old_prob": 0.12}
-           for i, e in enumerate(ent)]
+    run = [
+        {"step": i, "actor/entropy": e, "actor/clipfrac_upper": 0.05, "actor/upclip_old_prob": 0.12}
+        for i, e in enumerate(ent)
+    ]
     f = status(run, "entropy_collapse")
     assert f.status == "failing" and 30 <= f.start_step <= 40
     assert "old probability 0.12" in f.evidence and "eps_high" in f.knob
@@ -29,17 +31,29 @@ def test_entropy_collapse_fires_with_start_step_and_clip_evidence():
 
 
 def test_vanishing_signal_with_and_without_dynamic_sampling():
-    no_ds = [{"step": i, "rollout/groups_all_correct": x, "rollout/groups_all_wrong": 0.1, "sampling/rounds": 1}
-             for i, x in enumerate(ramp(60, 0.1, 0.85))]
+    no_ds = [
+        {"step": i, "rollout/groups_all_correct": x, "rollout/groups_all_wrong": 0.1, "sampling/rounds": 1}
+        for i, x in enumerate(ramp(60, 0.1, 0.85))
+    ]
     f = status(no_ds, "vanishing_signal")
     assert f.status == "failing" and "dynamic_sampling" in f.knob
-    ds = [{"step": i, "rollout/groups_all_correct": 0.3, "rollout/groups_all_wrong": 0.3, "sampling/rounds": r,
-           "sampling/underfilled": 0.0} for i, r in enumerate(ramp(60, 1, 6))]
+    ds = [
+        {
+            "step": i,
+            "rollout/groups_all_correct": 0.3,
+            "rollout/groups_all_wrong": 0.3,
+            "sampling/rounds": r,
+            "sampling/underfilled": 0.0,
+        }
+        for i, r in enumerate(ramp(60, 1, 6))
+    ]
     assert status(ds, "vanishing_signal").status == "warning"
     ds[-15:] = [{**m, "sampling/underfilled": 1.0} for m in ds[-15:]]
     assert status(ds, "vanishing_signal").status == "failing"
-    healthy = [{"step": i, "rollout/groups_all_correct": 0.2, "rollout/groups_all_wrong": 0.1, "sampling/rounds": 1}
-               for i in range(60)]
+    healthy = [
+        {"step": i, "rollout/groups_all_correct": 0.2, "rollout/groups_all_wrong": 0.1, "sampling/rounds": 1}
+        for i in range(60)
+    ]
     assert status(healthy, "vanishing_signal").status == "healthy"
 
 
@@ -56,16 +70,33 @@ def test_length_growth_needs_length_and_entropy_rising_with_flat_accuracy():
 def test_truncation_mismatch_and_gradients():
     trunc = [{"step": i, "rollout/truncation_rate": 0.3, "actor/entropy": 1.0 - 0.01 * i} for i in range(40)]
     assert status(trunc, "truncation_noise").status == "failing"
-    assert status([{**m, "rollout/truncation_rate": 0.02} for m in trunc], "truncation_noise").status == "healthy"
+    assert (
+        status([{**m, "rollout/truncation_rate": 0.02} for m in trunc], "truncation_noise").status
+        == "healthy"
+    )
     gap = [{"step": i, "mismatch/logp_gap": 1e-3 if i < 20 else 0.2} for i in range(40)]
     f = status(gap, "rollout_mismatch")
     assert f.status == "failing" and f.start_step is not None and "tis_cap" in f.knob
     assert status([{"step": 0}], "rollout_mismatch").status == "unknown"
-    grads = [{"step": i, "actor/grad_norm": 1.0 if i < 30 else 500.0, "actor/skipped_steps": 0.0,
-              "actor/optimizer_steps": 4.0} for i in range(40)]
+    grads = [
+        {
+            "step": i,
+            "actor/grad_norm": 1.0 if i < 30 else 500.0,
+            "actor/skipped_steps": 0.0,
+            "actor/optimizer_steps": 4.0,
+        }
+        for i in range(40)
+    ]
     assert status(grads, "gradients").status == "failing"
-    skipped = [{"step": i, "actor/grad_norm": 1.0, "actor/skipped_steps": float(i == 7), "actor/optimizer_steps": 4.0}
-               for i in range(40)]
+    skipped = [
+        {
+            "step": i,
+            "actor/grad_norm": 1.0,
+            "actor/skipped_steps": float(i == 7),
+            "actor/optimizer_steps": 4.0,
+        }
+        for i in range(40)
+    ]
     f = status(skipped, "gradients")
     assert f.status == "warning" and f.start_step == 7
 
@@ -78,11 +109,25 @@ def test_reference_bands_from_runs():
 
 # ---- reading logs ------------------------------------------------------------------------------
 
+
 def test_trl_trainer_state_and_verl_jsonl_are_mapped(tmp_path):
-    state = {"log_history": [
-        {"step": i, "entropy": 1.0 - 0.012 * i, "clip_ratio/high_mean": 0.01, "completions/mean_length": 100 + i,
-         "completions/clipped_ratio": 0.0, "frac_reward_zero_std": 0.2, "reward": 0.1, "grad_norm": 1.0,
-         "learning_rate": 1e-6} for i in range(60)] + [{"train_runtime": 12.0, "epoch": 1.0}]}
+    state = {
+        "log_history": [
+            {
+                "step": i,
+                "entropy": 1.0 - 0.012 * i,
+                "clip_ratio/high_mean": 0.01,
+                "completions/mean_length": 100 + i,
+                "completions/clipped_ratio": 0.0,
+                "frac_reward_zero_std": 0.2,
+                "reward": 0.1,
+                "grad_norm": 1.0,
+                "learning_rate": 1e-6,
+            }
+            for i in range(60)
+        ]
+        + [{"train_runtime": 12.0, "epoch": 1.0}]
+    }
     f = tmp_path / "trainer_state.json"
     f.write_text(json.dumps(state))
     runs, _ = read_runs(f)
@@ -91,9 +136,23 @@ def test_trl_trainer_state_and_verl_jsonl_are_mapped(tmp_path):
     assert "rollout/groups_uniform" in run[0] and "learning_rate" not in run[0]
     assert status(run, "entropy_collapse").status == "failing"
     v = tmp_path / "verl.jsonl"
-    v.write_text("".join(json.dumps({"step": i, "data": {"actor/entropy": 0.6, "response_length/mean": 900.0 + i,
-                                                         "response_length/clip_ratio": 0.25,
-                                                         "critic/score/mean": -0.2}}) + "\n" for i in range(30)))
+    v.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "step": i,
+                    "data": {
+                        "actor/entropy": 0.6,
+                        "response_length/mean": 900.0 + i,
+                        "response_length/clip_ratio": 0.25,
+                        "critic/score/mean": -0.2,
+                    },
+                }
+            )
+            + "\n"
+            for i in range(30)
+        )
+    )
     runs, _ = read_runs(v)
     assert runs["run"][0]["rollout/truncation_rate"] == 0.25
     assert status(runs["run"], "truncation_noise").status == "warning"
@@ -119,15 +178,35 @@ def test_malformed_and_partial_logs(tmp_path):
 
 def test_cli_exit_codes_report_and_errors(tmp_path, capsys):
     f = tmp_path / "metrics.jsonl"
-    rows = [{"step": i, "actor/entropy": 1.0 if i < 20 else 0.2, "rollout/length_mean": 10.0,
-             "rollout/truncation_rate": 0.0, "rollout/accuracy": 0.5} for i in range(60)]
+    rows = [
+        {
+            "step": i,
+            "actor/entropy": 1.0 if i < 20 else 0.2,
+            "rollout/length_mean": 10.0,
+            "rollout/truncation_rate": 0.0,
+            "rollout/accuracy": 0.5,
+        }
+        for i in range(60)
+    ]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert diagnose_main([str(f)]) == 0
     out = capsys.readouterr().out
     assert "failing  Entropy collapse since step 20" in out and "knob:" in out
     assert diagnose_main([str(f), "--fail-on", "failing"]) == 1
-    assert diagnose_main([str(f), "--fail-on", "warning", "--set", "entropy_fail_frac=0.1",
-                          "--set", "entropy_warn_frac=0.1"]) == 0
+    assert (
+        diagnose_main(
+            [
+                str(f),
+                "--fail-on",
+                "warning",
+                "--set",
+                "entropy_fail_frac=0.1",
+                "--set",
+                "entropy_warn_frac=0.1",
+            ]
+        )
+        == 0
+    )
     assert diagnose_main([str(tmp_path), "--report", str(tmp_path / "rep")]) == 0  # a run directory works
     report = (tmp_path / "rep" / "report.md").read_text()
     assert "Entropy collapse: failing" in report and "Reference bands" in report
@@ -150,6 +229,7 @@ def test_diagnose_reads_toy_and_scale_jsonl(toy_results, tmp_path):
 
 
 # ---- the toy confusion matrix --------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_rules_fire_on_toy_failures_and_less_on_fixed_runs(toy_results):

@@ -2,20 +2,35 @@ import json
 import shlex
 
 import pytest
-
 from scale_support import need
 
 need("yaml")
 
 from scale import gate  # noqa: E402
 from scale.config import load  # noqa: E402
-from scale.launch import main as launch_main, slurm_script, torchrun_command  # noqa: E402
+from scale.launch import main as launch_main  # noqa: E402
+from scale.launch import slurm_script, torchrun_command  # noqa: E402
 
 
-def _summary(tmp_path, primary="reproduced", control="no effect (as expected)", blocks=("discovery", "confirmation")):
-    s = {"experiments": {"entropy_collapse": {"verdict": primary, "contrasts": [
-        {"name": "p", "role": "primary", "verdict": primary, "blocks": {b: {"verdict": primary} for b in blocks}},
-        {"name": "c", "role": "control", "verdict": control}]}}}
+def _summary(
+    tmp_path, primary="reproduced", control="no effect (as expected)", blocks=("discovery", "confirmation")
+):
+    s = {
+        "experiments": {
+            "entropy_collapse": {
+                "verdict": primary,
+                "contrasts": [
+                    {
+                        "name": "p",
+                        "role": "primary",
+                        "verdict": primary,
+                        "blocks": {b: {"verdict": primary} for b in blocks},
+                    },
+                    {"name": "c", "role": "control", "verdict": control},
+                ],
+            }
+        }
+    }
     f = tmp_path / "summary.json"
     f.write_text(json.dumps(s))
     return f
@@ -62,8 +77,10 @@ def test_train_refuses_without_gate_and_records_force(tmp_path, monkeypatch, cap
 def test_launch_scripts(tmp_path, capsys):
     script = slurm_script("qwen2.5-32b-dapo", 16, 8, ["train.steps=10"])
     assert "#SBATCH --nodes=16" in script and "#SBATCH --gpus-per-node=8" in script
-    assert "--num_machines 16 --num_processes 128 --machine_rank $SLURM_NODEID --main_process_ip $MASTER_ADDR" \
+    assert (
+        "--num_machines 16 --num_processes 128 --machine_rank $SLURM_NODEID --main_process_ip $MASTER_ADDR"
         in script
+    )
     assert "-m dapo.cli train --config qwen2.5-32b-dapo --resume auto --require-gate train.steps=10" in script
     assert "export VLLM_ENABLE_V1_MULTIPROCESSING=0" in script and "srun --kill-on-bad-exit=1" in script
     cmd = torchrun_command("qwen2.5-32b-dapo", 2, 8, "node0", [])

@@ -1,12 +1,19 @@
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dapo.logprobs import chunked_logprobs, naive_logprobs
 
 
-@given(st.integers(0, 1000), st.integers(1, 40), st.integers(2, 50), st.integers(1, 16), st.integers(1, 64),
-       st.sampled_from([1.0, 0.7, 1.3]))
+@given(
+    st.integers(0, 1000),
+    st.integers(1, 40),
+    st.integers(2, 50),
+    st.integers(1, 16),
+    st.integers(1, 64),
+    st.sampled_from([1.0, 0.7, 1.3]),
+)
 def test_values_and_gradients_equal_the_naive_path(seed, n, v, hdim, chunk, temp):
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(n, hdim, generator=g, dtype=torch.float64, requires_grad=True)

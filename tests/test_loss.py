@@ -1,8 +1,10 @@
+import itertools
 import math
 
 import pytest
 import torch
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from dapo.config import AGG_MODES
 from dapo.loss import aggregate, policy_loss, tis_weights, window_denominator
@@ -36,11 +38,21 @@ def test_token_mean_differs_from_sample_mean_for_unequal_lengths():
     assert float(aggregate(per_tok, mask, "seq-mean-token-sum-norm", norm_const=4)) == pytest.approx(1 / 8)
 
 
-@given(st.integers(0, 10_000), st.integers(2, 9), st.integers(1, 6), st.sampled_from(AGG_MODES),
-       st.integers(1, 4), st.booleans())
+@given(
+    st.integers(0, 10_000),
+    st.integers(2, 9),
+    st.integers(1, 6),
+    st.sampled_from(AGG_MODES),
+    st.integers(1, 4),
+    st.booleans(),
+)
 def test_accumulated_micro_batches_equal_full_batch(seed, b, t, agg, n_micro, with_is):
     mask, old, delta, adv = _setup(seed, b, t)
-    w = torch.rand(b, t, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) + 0.5 if with_is else None
+    w = (
+        torch.rand(b, t, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) + 0.5
+        if with_is
+        else None
+    )
     kw = dict(KW, agg=agg, norm_const=7.0, clip_ratio_c=3.0)
 
     theta = delta.clone().requires_grad_(True)
@@ -52,11 +64,18 @@ def test_accumulated_micro_batches_equal_full_batch(seed, b, t, agg, n_micro, wi
     denom = window_denominator(mask, agg, 7.0)
     total = 0.0
     bounds = torch.linspace(0, b, n_micro + 1).long().tolist()
-    for lo, hi in zip(bounds, bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         if hi == lo:
             continue
-        part, _ = policy_loss(old[lo:hi] + theta[lo:hi], old[lo:hi], adv[lo:hi], mask[lo:hi],
-                              is_weights=None if w is None else w[lo:hi], agg_denominator=denom, **kw)
+        part, _ = policy_loss(
+            old[lo:hi] + theta[lo:hi],
+            old[lo:hi],
+            adv[lo:hi],
+            mask[lo:hi],
+            is_weights=None if w is None else w[lo:hi],
+            agg_denominator=denom,
+            **kw,
+        )
         part.backward()
         total = total + part.detach()
     assert torch.allclose(total, full.detach(), atol=1e-6)
@@ -69,7 +88,13 @@ def test_micro_batch_default_denominator_is_the_known_bug():
     old = torch.zeros(2, 3, dtype=torch.float64)
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
     full, _ = policy_loss(old, old, adv, mask, **KW)
-    naive = sum(policy_loss(old[i:i + 1], old[i:i + 1], adv[i:i + 1], mask[i:i + 1], **KW)[0] for i in range(2)) / 2
+    naive = (
+        sum(
+            policy_loss(old[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], **KW)[0]
+            for i in range(2)
+        )
+        / 2
+    )
     assert not torch.allclose(full, naive)
 
 
@@ -140,15 +165,20 @@ def test_clip_fractions_ignore_padding():
     _, up = policy_loss(new, old, torch.tensor([1.0, 1.0], dtype=torch.float64), mask, clip_ratio_c=3.0, **KW)
     assert float(up["clipfrac_upper"]) == 0.25 and float(up["n_tokens"]) == 4
     assert float(up["n_upclip"]) == 1
-    _, low = policy_loss(new, old, torch.tensor([-1.0, -1.0], dtype=torch.float64), mask, clip_ratio_c=1.5,
-                         **KW)
+    _, low = policy_loss(
+        new, old, torch.tensor([-1.0, -1.0], dtype=torch.float64), mask, clip_ratio_c=1.5, **KW
+    )
     assert float(low["clipfrac_lower"]) == 0.25  # only [1, 0]: ratio e^-1 < 0.8
     assert float(low["dual_clipfrac"]) == 0.25  # only [0, 1]: ratio e > 1.5
     assert float(low["ratio_mean"]) == pytest.approx((1 + math.e + math.exp(-1) + 1) / 4)
     assert float(low["approx_kl"]) == pytest.approx((math.e - 2 + math.exp(-1)) / 4)
     # zero advantages (a uniform group) are never clipped on either side
-    _, zero = policy_loss(new, old, torch.tensor([0.0, 0.0], dtype=torch.float64), mask, clip_ratio_c=1.5, **KW)
-    assert float(zero["clipfrac_upper"]) == float(zero["clipfrac_lower"]) == float(zero["dual_clipfrac"]) == 0.0
+    _, zero = policy_loss(
+        new, old, torch.tensor([0.0, 0.0], dtype=torch.float64), mask, clip_ratio_c=1.5, **KW
+    )
+    assert (
+        float(zero["clipfrac_upper"]) == float(zero["clipfrac_lower"]) == float(zero["dual_clipfrac"]) == 0.0
+    )
 
 
 def test_log_ratio_is_clamped_before_exp():
@@ -200,8 +230,13 @@ def test_tis_weights_capped_and_detached(seed, cap):
 
 def test_empty_mask_gives_zero_connected_loss():
     x = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
-    loss, _ = policy_loss(x, torch.zeros(2, 3, dtype=torch.float64), torch.ones(2, dtype=torch.float64),
-                          torch.zeros(2, 3, dtype=torch.bool), **KW)
+    loss, _ = policy_loss(
+        x,
+        torch.zeros(2, 3, dtype=torch.float64),
+        torch.ones(2, dtype=torch.float64),
+        torch.zeros(2, 3, dtype=torch.bool),
+        **KW,
+    )
     assert float(loss.detach()) == 0.0
     loss.backward()
     assert torch.all(x.grad == 0)
@@ -220,7 +255,9 @@ def test_is_weights_multiply_each_token_loss():
     want = ((per_tok[0, :2] * w[0, :2]).mean() + (per_tok[1] * w[1]).mean()) / 2
     assert float(weighted) == pytest.approx(float(want), rel=1e-12)
     assert float(plain) != pytest.approx(float(weighted))
-    mixed, _ = policy_loss(new.float(), old.float(), adv, mask, is_weights=w, **KW)  # fp64 weights, fp32 log-probs
+    mixed, _ = policy_loss(
+        new.float(), old.float(), adv, mask, is_weights=w, **KW
+    )  # fp64 weights, fp32 log-probs
     assert mixed.dtype == torch.float32
 
 
@@ -238,17 +275,31 @@ def test_argument_errors_name_the_argument():
     with pytest.raises(ValueError, match="^tis cap must be >= 1, got 0.5$"):
         tis_weights(torch.zeros(1, 1), torch.zeros(1, 1), 0.5)
     assert torch.equal(tis_weights(torch.zeros(1, 1), torch.zeros(1, 1), 1.0), torch.ones(1, 1))
-    assert float(window_denominator(torch.ones(1, 2, dtype=torch.bool), "seq-mean-token-sum-norm", 0.5)) == 0.5
+    assert (
+        float(window_denominator(torch.ones(1, 2, dtype=torch.bool), "seq-mean-token-sum-norm", 0.5)) == 0.5
+    )
     for bad in (None, 0.0, -2.0):
         with pytest.raises(ValueError, match="^seq-mean-token-sum-norm needs norm_const > 0$"):
             window_denominator(torch.ones(1, 2, dtype=torch.bool), "seq-mean-token-sum-norm", bad)
-    with pytest.raises(ValueError, match=r"^advantages shape \(3,\) fits neither \[B\] nor \[B, T\] = \(2, 3\)$"):
-        policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3, dtype=torch.bool), **KW)
+    with pytest.raises(
+        ValueError, match=r"^advantages shape \(3,\) fits neither \[B\] nor \[B, T\] = \(2, 3\)$"
+    ):
+        policy_loss(
+            torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3, dtype=torch.bool), **KW
+        )
 
 
 def test_shape_errors():
     with pytest.raises(ValueError, match="shape"):
-        policy_loss(torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3, dtype=torch.bool), **KW)
+        policy_loss(
+            torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3, dtype=torch.bool), **KW
+        )
     with pytest.raises(ValueError, match="agg"):
-        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1, dtype=torch.bool),
-                    agg="mean", **KW)
+        policy_loss(
+            torch.zeros(1, 1),
+            torch.zeros(1, 1),
+            torch.zeros(1),
+            torch.ones(1, 1, dtype=torch.bool),
+            agg="mean",
+            **KW,
+        )

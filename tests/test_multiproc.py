@@ -10,14 +10,15 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-
 from multiproc import LEAK_STATUS, MultiprocessError, run_function
+
 from scale.topology import communication_threads, dist_timeout
 
 _KEEP = []  # a module global: what keeps a process group alive past destroy_process_group()
 
 
 # ---- rank functions (run in the ranks by run_function) -----------------------------
+
 
 def sum_ranks(rank, world, out):
     x = torch.tensor([float(rank + 1)])
@@ -54,6 +55,7 @@ def keep_the_group(rank, world):
 
 
 # ---- tests --------------------------------------------------------------------------
+
 
 @pytest.mark.multiprocess
 def test_ranks_run_in_one_group_and_tear_down_cleanly(tmp_path):
@@ -141,7 +143,13 @@ def test_every_multiprocess_test_goes_through_the_helper():
     from pathlib import Path
 
     here = Path(__file__).parent
-    banned = ("mp.spawn", "torch.multiprocessing", "torch.distributed.run", "init_process_group(", "MASTER_PORT")
+    banned = (
+        "mp.spawn",
+        "torch.multiprocessing",
+        "torch.distributed.run",
+        "init_process_group(",
+        "MASTER_PORT",
+    )
     offenders = []
     for path in sorted(here.glob("*.py")):
         if path.name in ("multiproc.py", Path(__file__).name):

@@ -1,37 +1,65 @@
 import json
 
 import pytest
-
 from scale_support import need
 
 need("yaml")
 
 from scale.config import load  # noqa: E402
-from scale.plan import GiB, KNOWN, Arch, Cluster, Strategy, arch_for, plan  # noqa: E402
+from scale.plan import KNOWN, Arch, Cluster, GiB, Strategy, arch_for, plan  # noqa: E402
 
 
 def test_parameter_counts_match_the_published_sizes():
     # Qwen2.5 model cards: 0.49B, 1.54B, 3.09B, 7.61B, 14.7B, 32.5B, 72.7B parameters
-    expected = {"0.5B": 0.49e9, "1.5B": 1.54e9, "3B": 3.09e9, "7B": 7.61e9, "14B": 14.7e9, "32B": 32.5e9,
-                "72B": 72.7e9}
+    expected = {
+        "0.5B": 0.49e9,
+        "1.5B": 1.54e9,
+        "3B": 3.09e9,
+        "7B": 7.61e9,
+        "14B": 14.7e9,
+        "32B": 32.5e9,
+        "72B": 72.7e9,
+    }
     for name, n in expected.items():
         assert KNOWN[f"Qwen/Qwen2.5-{name}"].params() == pytest.approx(n, rel=0.015), name
 
 
 def test_small_case_by_hand(tmp_path):
     # hidden 8, 1 layer, 2 heads (head_dim 4), 1 kv head, intermediate 16, vocab 10, untied
-    (tmp_path / "config.json").write_text(json.dumps({
-        "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-        "intermediate_size": 16, "vocab_size": 10, "tie_word_embeddings": False}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": 8,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "intermediate_size": 16,
+                "vocab_size": 10,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     a = arch_for(str(tmp_path))
     # q 64+8, k 32+4, v 32+4, o 64, mlp 3*8*16=384, norms 16 -> 608 per layer
     assert a.layer_params() == 608
     assert a.params() == 2 * 80 + 608 + 8
     assert a.kv_bytes_per_token() == 2 * 1 * 1 * 4 * 2
-    cfg = load("tiny-cpu", [f"model.path={tmp_path}", "rollout.tensor_parallel=1", "rollout.gpu_memory_utilization=0.5",
-                            "algo.expected_len=12", "algo.cache_len=4", "model.logprob_chunk=2"])
-    pl = plan(cfg, Cluster(1, 2, 1.0, overhead_gib=0.0), Strategy(param_offload=False, optimizer_offload=False,
-                                                                  micro_batch_tokens=10, prompt_tokens=4))
+    cfg = load(
+        "tiny-cpu",
+        [
+            f"model.path={tmp_path}",
+            "rollout.tensor_parallel=1",
+            "rollout.gpu_memory_utilization=0.5",
+            "algo.expected_len=12",
+            "algo.cache_len=4",
+            "model.logprob_chunk=2",
+        ],
+    )
+    pl = plan(
+        cfg,
+        Cluster(1, 2, 1.0, overhead_gib=0.0),
+        Strategy(param_offload=False, optimizer_offload=False, micro_batch_tokens=10, prompt_tokens=4),
+    )
     p = a.params()
     per = {k: v * GiB for k, v in pl.per_gpu_gib.items()}
     assert per["fp32 parameters (sharded)"] == pytest.approx(4 * p / 2)

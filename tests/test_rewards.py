@@ -2,11 +2,18 @@ import time
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dapo.config import AlgoConfig
-from dapo.rewards import (config_reward, extract_answer, normalize_integer, outcome_reward, score_integer_answer,
-                          soft_overlong_penalty)
+from dapo.rewards import (
+    config_reward,
+    extract_answer,
+    normalize_integer,
+    outcome_reward,
+    score_integer_answer,
+    soft_overlong_penalty,
+)
 
 
 @pytest.mark.parametrize(
@@ -53,12 +60,12 @@ def test_rejects_look_alikes(text, truth):
     assert not score_integer_answer(text, truth)
 
 
-@given(st.text(), st.integers(-10**6, 10**6))
+@given(st.text(), st.integers(-(10**6), 10**6))
 def test_never_raises(text, truth):
     assert score_integer_answer(text, truth) in (True, False)
 
 
-@given(st.integers(-10**30, 10**30), st.sampled_from(["", "$", "**"]), st.booleans())
+@given(st.integers(-(10**30), 10**30), st.sampled_from(["", "$", "**"]), st.booleans())
 def test_roundtrip_any_integer(n, deco, period):
     s = f"{n:,}" if n % 2 else str(n)
     text = f"work\nAnswer: {deco}{s}{deco}{'.' if period else ''}"
@@ -66,27 +73,51 @@ def test_roundtrip_any_integer(n, deco, period):
     assert not score_integer_answer(text, n + 1)
 
 
-@pytest.mark.parametrize("raw,canonical", [
-    ("42", "42"), ("+5", "5"), ("-5", "-5"), ("-0", "0"), ("+0", "0"), ("000", "0"), ("-007", "-7"),
-    ("1\\,234", "1234"), ("1\\!234", "1234"), ("1{,}234", "1234"), ("\\text{42}", "42"), ("\\mathbf{-3}", "-3"),
-    ("\\boxed{42}.", "42"), ("\\boxed{42.}", "42"), ("$-12$", "-12"),
-    ("123456789}", None), ("5-", None), ("--5", None), ("4 2.5", None), ("1,23", None), ("", None), (".", None),
-])
+@pytest.mark.parametrize(
+    "raw,canonical",
+    [
+        ("42", "42"),
+        ("+5", "5"),
+        ("-5", "-5"),
+        ("-0", "0"),
+        ("+0", "0"),
+        ("000", "0"),
+        ("-007", "-7"),
+        ("1\\,234", "1234"),
+        ("1\\!234", "1234"),
+        ("1{,}234", "1234"),
+        ("\\text{42}", "42"),
+        ("\\mathbf{-3}", "-3"),
+        ("\\boxed{42}.", "42"),
+        ("\\boxed{42.}", "42"),
+        ("$-12$", "-12"),
+        ("123456789}", None),
+        ("5-", None),
+        ("--5", None),
+        ("4 2.5", None),
+        ("1,23", None),
+        ("", None),
+        (".", None),
+    ],
+)
 def test_normalize_integer_known_values(raw, canonical):
     assert normalize_integer(raw) == canonical
 
 
-@pytest.mark.parametrize("text,raw", [
-    ("Answer: 42\nThat is all.\nDone", " 42"),
-    ("x\nAnswer:7", "7"),
-    ("\\boxed{5}", "5"),
-    ("\\boxed {7} and more", "7"),
-    ("\\boxed  {8}", "8"),
-    ("first \\boxed{3} then an unclosed \\boxed{", "3"),
-    ("\\boxed{3} \\boxed{4} \\boxed{", "4"),
-    ("\\boxed{3} \\boxed{", "3"),
-    ("nothing here", None),
-])
+@pytest.mark.parametrize(
+    "text,raw",
+    [
+        ("Answer: 42\nThat is all.\nDone", " 42"),
+        ("x\nAnswer:7", "7"),
+        ("\\boxed{5}", "5"),
+        ("\\boxed {7} and more", "7"),
+        ("\\boxed  {8}", "8"),
+        ("first \\boxed{3} then an unclosed \\boxed{", "3"),
+        ("\\boxed{3} \\boxed{4} \\boxed{", "4"),
+        ("\\boxed{3} \\boxed{", "3"),
+        ("nothing here", None),
+    ],
+)
 def test_extract_answer_known_values(text, raw):
     assert extract_answer(text) == raw
 
@@ -103,7 +134,13 @@ def test_bad_truth_raises():
 
 @pytest.mark.parametrize(
     "text",
-    ["\\boxed{" * 100_000, "Answer:" * 100_000, "{" * 200_000 + "}" * 200_000, "1," * 200_000, "\\boxed" * 100_000],
+    [
+        "\\boxed{" * 100_000,
+        "Answer:" * 100_000,
+        "{" * 200_000 + "}" * 200_000,
+        "1," * 200_000,
+        "\\boxed" * 100_000,
+    ],
 )
 def test_linear_time_on_adversarial_input(text):
     def cost(t):  # CPU time of this process, best of 3: other processes' load does not count
@@ -134,21 +171,40 @@ def test_soft_penalty_shape(expected, cache, factor):
 def test_paper_numbers():
     p = soft_overlong_penalty(torch.tensor([16384, 18432, 20480, 25000]), 16384, 4096)
     assert p.tolist() == [0.0, -0.5, -1.0, -1.0] and p.dtype == torch.get_default_dtype()
-    r = outcome_reward(torch.tensor([True, False, True]), torch.tensor([100, 100, 18432]),
-                       soft_overlong=True, expected_len=16384, cache_len=4096)
+    r = outcome_reward(
+        torch.tensor([True, False, True]),
+        torch.tensor([100, 100, 18432]),
+        soft_overlong=True,
+        expected_len=16384,
+        cache_len=4096,
+    )
     assert r.tolist() == [1.0, -1.0, 0.5]
-    r = outcome_reward(torch.tensor([True, False]), torch.tensor([30000, 30000]),
-                       soft_overlong=False, expected_len=16384, cache_len=4096)
+    r = outcome_reward(
+        torch.tensor([True, False]),
+        torch.tensor([30000, 30000]),
+        soft_overlong=False,
+        expected_len=16384,
+        cache_len=4096,
+    )
     assert r.tolist() == [1.0, -1.0]
 
 
 def test_penalty_factor_reaches_the_reward_and_config_knobs_are_used():
-    r = outcome_reward(torch.tensor([1, 0]), torch.tensor([18432, 20480]), soft_overlong=True,
-                       expected_len=16384, cache_len=4096, factor=0.5)
+    r = outcome_reward(
+        torch.tensor([1, 0]),
+        torch.tensor([18432, 20480]),
+        soft_overlong=True,
+        expected_len=16384,
+        cache_len=4096,
+        factor=0.5,
+    )
     assert r.tolist() == [0.75, -1.5]  # 0/1 integers are read as booleans
     cfg = AlgoConfig(expected_len=10, cache_len=4, overlong_penalty_factor=2.0)
     assert config_reward(torch.tensor([True, True, False]), torch.tensor([10, 12, 14]), cfg).tolist() == [
-        1.0, 0.0, -3.0]
+        1.0,
+        0.0,
+        -3.0,
+    ]
     off = AlgoConfig(expected_len=10, cache_len=4, soft_overlong=False)
     assert config_reward(torch.tensor([True]), torch.tensor([14]), off).tolist() == [1.0]
 

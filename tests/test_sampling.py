@@ -3,11 +3,12 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from factories import random_batch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dapo.batch import RolloutBatch
 from dapo.sampling import DynamicSampler, SamplingWarning
-from factories import random_batch
 
 
 def _groups(pattern, g):
@@ -16,12 +17,24 @@ def _groups(pattern, g):
     correct = torch.cat([torch.arange(g) < c for c in pattern])
     # shaped reward: an all-wrong group has non-zero reward std (length penalty)
     rewards = torch.where(correct, 1.0, -1.0).double() - 0.1 * torch.arange(len(correct)).double() % 0.3
-    return RolloutBatch(old_logp=b.old_logp, mask=b.mask, lengths=b.lengths, truncated=b.truncated,
-                        correct=correct, rewards=rewards, group_ids=b.group_ids, group_size=g)
+    return RolloutBatch(
+        old_logp=b.old_logp,
+        mask=b.mask,
+        lengths=b.lengths,
+        truncated=b.truncated,
+        correct=correct,
+        rewards=rewards,
+        group_ids=b.group_ids,
+        group_size=g,
+    )
 
 
-@given(st.integers(2, 5), st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=5), min_size=1, max_size=6),
-       st.integers(1, 6), st.integers(1, 4))
+@given(
+    st.integers(2, 5),
+    st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=5), min_size=1, max_size=6),
+    st.integers(1, 6),
+    st.integers(1, 4),
+)
 def test_never_accepts_uniform_and_never_raises(g, rounds, target, max_rounds):
     s = DynamicSampler(target_groups=target, group_size=g, max_rounds=max_rounds)
     fed = 0
@@ -118,8 +131,13 @@ def test_metrics_before_any_round():
     m = DynamicSampler(target_groups=2, group_size=4, max_rounds=5).metrics()
     assert m["sampling/rounds"] == 0 and m["sampling/generated_tokens"] == 0
     assert m["sampling/underfilled"] == 1.0
-    for key in ("rollout/accuracy", "rollout/length_mean", "rollout/reward_mean", "rollout/truncation_rate",
-                "sampling/tokens_per_accepted_group"):
+    for key in (
+        "rollout/accuracy",
+        "rollout/length_mean",
+        "rollout/reward_mean",
+        "rollout/truncation_rate",
+        "sampling/tokens_per_accepted_group",
+    ):
         assert math.isnan(m[key]), key
 
 
@@ -153,8 +171,12 @@ def test_uniform_groups_can_leave_truncated_responses_out():
     assert DynamicSampler.for_config(cfg).exclude_truncated is False
     s = DynamicSampler.for_config(cfg.replace(filtered_group_stats="excluded"))
     assert s.exclude_truncated is True and s.target_groups == 2 and s.max_rounds == cfg.max_gen_rounds
-    assert DynamicSampler.for_config(cfg.replace(filtered_group_stats="excluded", overlong_filter=False),
-                                     target_groups=1).exclude_truncated is False
+    assert (
+        DynamicSampler.for_config(
+            cfg.replace(filtered_group_stats="excluded", overlong_filter=False), target_groups=1
+        ).exclude_truncated
+        is False
+    )
     b = _groups([2, 1], 4)
     b = RolloutBatch(**{**b.__dict__, "correct": correct[:8], "truncated": truncated[:8]})
     s.add(b)

@@ -1,5 +1,4 @@
 import pytest
-
 from scale_support import need
 
 need("yaml")

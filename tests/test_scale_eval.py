@@ -2,7 +2,8 @@ import itertools
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scale.evaluation import ProblemResult, majority_answer, pass_at_k, summarize
 
@@ -26,8 +27,11 @@ def test_pass_at_k_edges():
 def test_majority_and_summary():
     assert majority_answer(["3", None, "4", "4", "3"]) == "3"  # tie: earliest to reach the top count
     assert majority_answer([None, None]) is None
-    rs = [ProblemResult("4", ["4", "4", "1", None]), ProblemResult("7", ["1", "2", "7", "1"]),
-          ProblemResult("9", ["0", "0", "0", "0"])]
+    rs = [
+        ProblemResult("4", ["4", "4", "1", None]),
+        ProblemResult("7", ["1", "2", "7", "1"]),
+        ProblemResult("9", ["0", "0", "0", "0"]),
+    ]
     s = summarize(rs, ks=[1, 2, 4])
     assert s["eval/avg@4"] == pytest.approx((0.5 + 0.25 + 0) / 3)
     assert s["eval/pass@1"] == pytest.approx(s["eval/avg@4"])

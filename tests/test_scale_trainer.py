@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from multiproc import run_script
 from scale_support import need
 
@@ -30,15 +29,30 @@ def tiny(tmp_path_factory):
 
 
 def overrides(tiny, out, *extra):
-    return [f"model.path={tiny['model']}", f"data.train={tiny['train']}", f"data.eval={tiny['eval']}",
-            f"output.dir={out}", *extra]
+    return [
+        f"model.path={tiny['model']}",
+        f"data.train={tiny['train']}",
+        f"data.eval={tiny['eval']}",
+        f"output.dir={out}",
+        *extra,
+    ]
 
 
 def run_cli(args, env_extra=None, timeout=600):
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
-           **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "dapo.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "TOKENIZERS_PARALLELISM": "false",
+        **(env_extra or {}),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "dapo.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def metrics(out):
@@ -69,7 +83,7 @@ def test_policy_logprobs_equal_a_plain_forward(tiny):
     prompt = torch.tensor([[5, 6, 7], [8, 1, 1]])
     plen = torch.tensor([3, 1])
     resp = torch.tensor([[9, 10, 0, 1], [11, 12, 13, 0]])
-    logp, ent = pol(prompt, plen, resp, pad_id=1)
+    logp, _ent = pol(prompt, plen, resp, pad_id=1)
     for row, (p, n) in enumerate(zip(prompt, plen)):
         seq = torch.cat([p[:n], resp[row]]).unsqueeze(0)
         full = torch.log_softmax(lm(seq).logits[0].float(), -1)
@@ -146,8 +160,12 @@ def test_non_finite_loss_is_skipped_and_reported(tiny, tmp_path):
     from scale import trainer as T
     from scale.config import load
 
-    cfg = load("tiny-cpu", overrides(tiny, tmp_path / "nan", "rollout.engine=hf", "algo.dynamic_sampling=false",
-                                     "train.steps=1"))
+    cfg = load(
+        "tiny-cpu",
+        overrides(
+            tiny, tmp_path / "nan", "rollout.engine=hf", "algo.dynamic_sampling=false", "train.steps=1"
+        ),
+    )
     tr = T.Trainer(cfg)
     before = {k: v.clone() for k, v in tr._unwrapped().lm.state_dict().items()}
     real = T.response_logp
@@ -169,8 +187,15 @@ def test_non_finite_loss_is_skipped_and_reported(tiny, tmp_path):
 def test_malformed_data_and_bad_config_refuse_to_start(tiny, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "Q: 1 + 1 = ?", "answer": 2}\n{"prompt": "Q: x", "answer": "two"}\n')
-    r = run_cli(["train", "--config", "tiny-cpu", *overrides(tiny, tmp_path / "o", "rollout.engine=hf"),
-                 f"data.train={bad}"])
+    r = run_cli(
+        [
+            "train",
+            "--config",
+            "tiny-cpu",
+            *overrides(tiny, tmp_path / "o", "rollout.engine=hf"),
+            f"data.train={bad}",
+        ]
+    )
     assert r.returncode == 2 and f"{bad}:2: answer" in r.stderr
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
     used = tmp_path / "used"
@@ -181,8 +206,16 @@ def test_malformed_data_and_bad_config_refuse_to_start(tiny, tmp_path):
     assert (used / "metrics.jsonl").read_text() == '{"step": 0}\n'  # nothing lost
     r = run_cli(["train", "--config", "tiny-cpu", "algo.eps_high=-1"])
     assert r.returncode == 2 and "algo.eps_high" in r.stderr
-    r = run_cli(["train", "--config", "qwen2.5-32b-dapo", "--validate-only", f"data.train={tiny['train']}",
-                 f"data.eval={tiny['eval']}"])
+    r = run_cli(
+        [
+            "train",
+            "--config",
+            "qwen2.5-32b-dapo",
+            "--validate-only",
+            f"data.train={tiny['train']}",
+            f"data.eval={tiny['eval']}",
+        ]
+    )
     assert r.returncode == 0 and "valid" in r.stdout
 
 
@@ -205,7 +238,13 @@ def test_engine_failures_are_clear_errors():
             pass
 
     eng = object.__new__(VLLMEngine)
-    eng.llm, eng.on_gpu, eng.sync_timeout_s, eng.asleep, eng.sleep_during_training = HangingLLM(), False, 0.2, False, False
+    eng.llm, eng.on_gpu, eng.sync_timeout_s, eng.asleep, eng.sleep_during_training = (
+        HangingLLM(),
+        False,
+        0.2,
+        False,
+        False,
+    )
     with pytest.raises(EngineError, match="did not finish within"):
         eng.sync_weights([("lm_head.weight", torch.zeros(1))])
     with pytest.raises(EngineError, match="lm_head"):

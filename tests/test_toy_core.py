@@ -9,15 +9,16 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dapo import AlgoConfig
 from dapo.metrics import SCHEMA
 from dapo.rewards import config_reward
 from toybench import runner
+from toybench import stats as stats_module
 from toybench.policies import TabularPolicy
 from toybench.runner import RunSpec, make_policy, make_task, rollout_round, train
-from toybench import stats as stats_module
 from toybench.stats import Interval, paired_interval, verdict
 from toybench.tasks import EOS, TASKS, TokenTask, episode_end, verify
 
@@ -25,12 +26,14 @@ from toybench.tasks import EOS, TASKS, TokenTask, episode_end, verify
 
 
 def test_episode_end_known_values():
-    tokens = torch.tensor([
-        [3, 2, EOS, 1, 1],  # EOS third: length 3
-        [1, 2, 3, 4, EOS],  # EOS beyond max_len = 4: truncated at 4
-        [EOS, 1, 1, 1, 1],  # empty answer: length 1
-        [2, 2, 2, EOS, 1],  # EOS exactly at the ceiling: length 4, not truncated
-    ])
+    tokens = torch.tensor(
+        [
+            [3, 2, EOS, 1, 1],  # EOS third: length 3
+            [1, 2, 3, 4, EOS],  # EOS beyond max_len = 4: truncated at 4
+            [EOS, 1, 1, 1, 1],  # empty answer: length 1
+            [2, 2, 2, EOS, 1],  # EOS exactly at the ceiling: length 4, not truncated
+        ]
+    )
     lengths, truncated = episode_end(tokens, 4)
     assert lengths.tolist() == [3, 4, 1, 4]
     assert truncated.tolist() == [False, True, False, False]
@@ -38,24 +41,30 @@ def test_episode_end_known_values():
 
 def _task():
     # one prompt, three paths: sure but needs 2 work tokens / dead end / coin flip needing 1
-    return TokenTask(name="t", quality=torch.tensor([[1.0, 0.0, 0.5]], dtype=torch.float64),
-                     need_work=torch.tensor([[2, 0, 1]]), max_len=5,
-                     prior_path=torch.zeros(1, 3, dtype=torch.float64))
+    return TokenTask(
+        name="t",
+        quality=torch.tensor([[1.0, 0.0, 0.5]], dtype=torch.float64),
+        need_work=torch.tensor([[2, 0, 1]]),
+        max_len=5,
+        prior_path=torch.zeros(1, 3, dtype=torch.float64),
+    )
 
 
 def test_verify_known_values():
     task = _task()
-    tokens = torch.tensor([
-        [1, 4, 4, EOS, 0],  # path 1, 2 work tokens: correct
-        [1, 4, EOS, 0, 0],  # path 1, 1 work token: too short
-        [2, EOS, 0, 0, 0],  # dead-end path
-        [3, 4, EOS, 0, 0],  # coin flip, u = 0.4 < 0.5: correct
-        [3, 4, EOS, 0, 0],  # coin flip, u = 0.6: wrong
-        [3, 4, EOS, 0, 0],  # coin flip, u = 0.5 = quality: wrong (correct needs u < quality)
-        [EOS, 0, 0, 0, 0],  # empty
-        [1, 4, 4, 4, 4],  # truncated on a sound path: on track, 4 work tokens, wrong
-        [2, 4, 4, 4, 4],  # truncated on a dead end: not on track
-    ])
+    tokens = torch.tensor(
+        [
+            [1, 4, 4, EOS, 0],  # path 1, 2 work tokens: correct
+            [1, 4, EOS, 0, 0],  # path 1, 1 work token: too short
+            [2, EOS, 0, 0, 0],  # dead-end path
+            [3, 4, EOS, 0, 0],  # coin flip, u = 0.4 < 0.5: correct
+            [3, 4, EOS, 0, 0],  # coin flip, u = 0.6: wrong
+            [3, 4, EOS, 0, 0],  # coin flip, u = 0.5 = quality: wrong (correct needs u < quality)
+            [EOS, 0, 0, 0, 0],  # empty
+            [1, 4, 4, 4, 4],  # truncated on a sound path: on track, 4 work tokens, wrong
+            [2, 4, 4, 4, 4],  # truncated on a dead end: not on track
+        ]
+    )
     lengths, truncated = episode_end(tokens, 5)
     u = torch.tensor([0.0, 0.0, 0.0, 0.4, 0.6, 0.5, 0.0, 0.0, 0.0], dtype=torch.float64)
     out = verify(task, torch.zeros(9, dtype=torch.long), tokens, lengths, truncated, u)
@@ -65,33 +74,45 @@ def test_verify_known_values():
     assert out.work.tolist() == [2, 1, 0, 1, 1, 1, 0, 4, 4]
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("need_work", torch.zeros(1, 2, dtype=torch.long), "must all be"),
-    ("prior_path", torch.zeros(2, 3), "must all be"),
-    ("quality", torch.tensor([[1.0, 0.0, 1.5]]), "quality must lie in"),
-    ("quality", torch.tensor([[1.0, -0.1, 0.5]]), "quality must lie in"),
-    ("max_len", 1, "max_len must be >= 2"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("need_work", torch.zeros(1, 2, dtype=torch.long), "must all be"),
+        ("prior_path", torch.zeros(2, 3), "must all be"),
+        ("quality", torch.tensor([[1.0, 0.0, 1.5]]), "quality must lie in"),
+        ("quality", torch.tensor([[1.0, -0.1, 0.5]]), "quality must lie in"),
+        ("max_len", 1, "max_len must be >= 2"),
+    ],
+)
 def test_task_validation_names_the_field(field, value, message):
     with pytest.raises(ValueError, match=f"^t: .*{message}"):
         dataclasses.replace(_task(), **{field: value})
 
 
 def _first_token_probs(task):
-    return TabularPolicy(task, torch.Generator().manual_seed(0), init_noise=0.0).first_token_probs(
-        torch.arange(task.num_prompts)).detach()[:, 1:]
+    return (
+        TabularPolicy(task, torch.Generator().manual_seed(0), init_noise=0.0)
+        .first_token_probs(torch.arange(task.num_prompts))
+        .detach()[:, 1:]
+    )
 
 
 def test_tasks_have_their_documented_design():
     # what each task's docstring promises, and what its experiment relies on
     e = TASKS["entropy"]()
-    assert e.quality.shape == (8, 6) and torch.all(e.quality[:, :5] == 0.5) and torch.all(e.quality[:, 5] == 0.9)
+    assert (
+        e.quality.shape == (8, 6) and torch.all(e.quality[:, :5] == 0.5) and torch.all(e.quality[:, 5] == 0.9)
+    )
     rare = _first_token_probs(e)[:, 5]
     assert torch.all((rare > 0.005) & (rare < 0.02)) and torch.all(e.need_work == 0)
     z = TASKS["zero_grad"]()
-    assert torch.equal((z.quality == 1).sum(1), torch.ones(16, dtype=torch.long)) and set(z.quality.unique().tolist()) == {0, 1}
+    assert torch.equal((z.quality == 1).sum(1), torch.ones(16, dtype=torch.long)) and set(
+        z.quality.unique().tolist()
+    ) == {0, 1}
     right = _first_token_probs(z)[z.quality == 1]
-    assert 0.85 < float(right[0]) < 0.95 and 0.01 < float(right[-1]) < 0.03 and torch.all(right[1:] < right[:-1])
+    assert (
+        0.85 < float(right[0]) < 0.95 and 0.01 < float(right[-1]) < 0.03 and torch.all(right[1:] < right[:-1])
+    )
     n = TASKS["length"]()
     right = _first_token_probs(n)[n.quality == 1]
     assert torch.all((right > 0.09) & (right < 0.37)) and torch.all(n.need_work == 0) and n.max_len == 24
@@ -108,8 +129,11 @@ def test_tasks_have_their_documented_design():
 # A change to a task is a change to its experiment: the committed toy results and the
 # README's tables were measured on these exact tasks. Update the digest together with them.
 TASK_DIGESTS = {
-    "entropy": "5926f09dafbca6cc", "zero_grad": "828f47830209a168", "length": "7c301621c4187adb",
-    "truncation": "43e8175ed4b1a045", "composite": "3212f9238798656a",
+    "entropy": "5926f09dafbca6cc",
+    "zero_grad": "828f47830209a168",
+    "length": "7c301621c4187adb",
+    "truncation": "43e8175ed4b1a045",
+    "composite": "3212f9238798656a",
 }
 
 
@@ -123,7 +147,8 @@ def test_task_definitions_match_the_committed_results(name):
     h.update(repr((task.name, task.max_len, task.prior_stop, task.prior_empty)).encode())
     assert h.hexdigest()[:16] == TASK_DIGESTS[name], (
         f"task {name!r} changed: rerun `dapo toy run all --seeds 10` and the ladder, update the committed "
-        "reports and README tables, then this digest")
+        "reports and README tables, then this digest"
+    )
 
 
 def test_monte_carlo_metrics_agree_with_the_exact_ones(monkeypatch):
@@ -142,8 +167,12 @@ def test_monte_carlo_metrics_agree_with_the_exact_ones(monkeypatch):
         m = runner._policy_metrics(pol, torch.arange(12), runner._best_paths(task), step=0)
     q = task.quality
     assert m["toy/expected_accuracy"] == pytest.approx(float(exact_acc.mean()))
-    assert m["toy/length_best_path"] == pytest.approx(float(exact_len.gather(1, q.argmax(1, keepdim=True)).mean()))
-    assert m["toy/length_worst_path"] == pytest.approx(float(exact_len.gather(1, q.argmin(1, keepdim=True)).mean()))
+    assert m["toy/length_best_path"] == pytest.approx(
+        float(exact_len.gather(1, q.argmax(1, keepdim=True)).mean())
+    )
+    assert m["toy/length_worst_path"] == pytest.approx(
+        float(exact_len.gather(1, q.argmin(1, keepdim=True)).mean())
+    )
     best = pol.first_token_probs(torch.arange(12)).detach().gather(1, runner._best_paths(task).unsqueeze(1))
     assert m["toy/best_path_prob"] == pytest.approx(float(best.mean()))
 
@@ -165,8 +194,12 @@ def test_task_sizes():
 
 def test_best_path_is_the_best_feasible_one_and_long_prompts():
     # path 1 is best but needs 11 work tokens: 11 + 2 > 12 tokens, infeasible; path 2 next best
-    task = dataclasses.replace(_task(), quality=torch.tensor([[1.0, 0.7, 0.5]], dtype=torch.float64),
-                               need_work=torch.tensor([[11, 10, 1]]), max_len=12)
+    task = dataclasses.replace(
+        _task(),
+        quality=torch.tensor([[1.0, 0.7, 0.5]], dtype=torch.float64),
+        need_work=torch.tensor([[11, 10, 1]]),
+        max_len=12,
+    )
     assert runner._best_paths(task).tolist() == [2]
     assert runner._best_paths(dataclasses.replace(task, max_len=13)).tolist() == [1]
     assert runner._long_prompts(task).tolist() == [True]  # best path needs 10 of 12: long
@@ -178,9 +211,19 @@ def test_best_path_is_the_best_feasible_one_and_long_prompts():
 
 # ---- runner: one rollout round and the training loop -----------------------------------
 
-CFG = AlgoConfig(group_size=4, train_groups=4, mini_batch_groups=2, ppo_epochs=1, expected_len=4, cache_len=2,
-                 max_grad_norm=None, max_gen_rounds=3, dynamic_sampling=True, soft_overlong=True,
-                 overlong_filter=False)
+CFG = AlgoConfig(
+    group_size=4,
+    train_groups=4,
+    mini_batch_groups=2,
+    ppo_epochs=1,
+    expected_len=4,
+    cache_len=2,
+    max_grad_norm=None,
+    max_gen_rounds=3,
+    dynamic_sampling=True,
+    soft_overlong=True,
+    overlong_filter=False,
+)
 
 
 def test_rollout_round_builds_whole_groups_with_consistent_tensors():
@@ -225,8 +268,13 @@ def test_make_policy_uses_the_spec():
     spec = RunSpec(task="zero_grad", cfg=CFG, steps=1, lr=1.0, init_noise=0.0)
     task = make_task(spec)
     probs = make_policy(spec, task, torch.Generator().manual_seed(0)).first_token_probs(torch.arange(16))
-    assert torch.allclose(probs.detach(), torch.softmax(torch.cat([torch.full((16, 1), task.prior_empty,
-                          dtype=torch.float64), task.prior_path], 1), 1).to(probs.dtype), atol=1e-6)
+    assert torch.allclose(
+        probs.detach(),
+        torch.softmax(
+            torch.cat([torch.full((16, 1), task.prior_empty, dtype=torch.float64), task.prior_path], 1), 1
+        ).to(probs.dtype),
+        atol=1e-6,
+    )
     gru = make_policy(dataclasses.replace(spec, policy="gru"), task, torch.Generator().manual_seed(0))
     assert type(gru).__name__ == "GRUPolicy" and gru.task is task
 
@@ -244,7 +292,7 @@ def test_train_accounting_over_steps(monkeypatch):
     log = train(RunSpec(task="truncation", cfg=cfg, steps=4, lr=5.0, seed=2))
     at = 0
     for m in log:  # the truncation share is over every round of the step, not the last
-        mine = rounds[at: at + int(m["sampling/rounds"])]
+        mine = rounds[at : at + int(m["sampling/rounds"])]
         at += len(mine)
         trunc = sum(int(r.truncated.sum()) for r in mine)
         on = sum(int(r.extras["on_track"].sum()) for r in mine)
@@ -267,12 +315,16 @@ def test_train_accounting_over_steps(monkeypatch):
         assert m["sampling/generated_groups"] == m["sampling/rounds"] * CFG.train_groups
         assert 0 <= m["toy/best_path_prob"] <= 1 and 0 <= m["toy/expected_accuracy"] <= 1
     assert steps > 0
-    assert sum(m["sampling/rejected_all_correct"] + m["sampling/rejected_all_wrong"] for m in log) > 0  # DS on
+    assert (
+        sum(m["sampling/rejected_all_correct"] + m["sampling/rejected_all_wrong"] for m in log) > 0
+    )  # DS on
     assert log[-1]["toy/expected_accuracy"] > log[0]["toy/expected_accuracy"]  # lr 20 learns fast
     for m in log:
         assert (m["rollout/truncation_rate"] == 0) == math.isnan(m["toy/truncated_on_track"])
     eager = dataclasses.replace(CFG, expected_len=36, cache_len=4)  # a base model that stops at once
-    short = train(RunSpec(task="truncation", cfg=eager, steps=1, lr=1.0, task_kwargs={"max_len": 40, "prior_stop": 3.0}))
+    short = train(
+        RunSpec(task="truncation", cfg=eager, steps=1, lr=1.0, task_kwargs={"max_len": 40, "prior_stop": 3.0})
+    )
     assert short[0]["rollout/truncation_rate"] == 0 and math.isnan(short[0]["toy/truncated_on_track"])
     assert log == train(RunSpec(task="zero_grad", cfg=CFG, steps=4, lr=20.0, seed=3))
     assert log != train(RunSpec(task="zero_grad", cfg=CFG, steps=4, lr=20.0, seed=4))
@@ -311,7 +363,9 @@ def test_train_rejects_bad_specs():
         train(RunSpec(task="nope", cfg=CFG, steps=1, lr=1.0))
     with pytest.raises(ValueError, match="^unknown policy 'mlp'; known: "):
         train(RunSpec(task="zero_grad", cfg=CFG, steps=1, lr=1.0, policy="mlp"))
-    with pytest.raises(ValueError, match="^cfg.expected_len \\+ cfg.cache_len = 7 must equal the task's max_len 6$"):
+    with pytest.raises(
+        ValueError, match="^cfg.expected_len \\+ cfg.cache_len = 7 must equal the task's max_len 6$"
+    ):
         train(RunSpec(task="zero_grad", cfg=dataclasses.replace(CFG, cache_len=3), steps=1, lr=1.0))
 
 
@@ -344,7 +398,11 @@ def test_paired_interval_falls_back_to_percentiles_when_bca_fails(monkeypatch):
 
     monkeypatch.setattr(scipy.stats, "bootstrap", lambda *a, **kw: Failed())
     d = np.random.default_rng(0).normal(0.2, 1.0, size=12)  # continuous: every percentile distinct
-    means = np.random.default_rng(stats_module.BOOTSTRAP_SEED).choice(d, (stats_module.BOOTSTRAP_RESAMPLES, 12)).mean(1)
+    means = (
+        np.random.default_rng(stats_module.BOOTSTRAP_SEED)
+        .choice(d, (stats_module.BOOTSTRAP_RESAMPLES, 12))
+        .mean(1)
+    )
     lo, hi = np.percentile(means, [2.5, 97.5])
     assert paired_interval(d) == Interval(pytest.approx(d.mean()), pytest.approx(lo), pytest.approx(hi), 12)
     assert lo < d.mean() < hi
@@ -368,20 +426,23 @@ def test_paired_interval_known_verdicts():
     assert noisy.low < 0 < noisy.high and not noisy.excludes_zero()
 
 
-@pytest.mark.parametrize("iv,expect,want", [
-    (Interval(0.5, 0.1, 0.9, 10), "+", "reproduced"),
-    (Interval(0.5, 0.1, 0.9, 10), "-", "reversed"),
-    (Interval(-0.5, -0.9, -0.1, 10), "-", "reproduced"),
-    (Interval(-0.5, -0.9, -0.1, 10), "+", "reversed"),
-    (Interval(0.1, -0.2, 0.4, 10), "+", "not reproduced"),
-    (Interval(0.0, 0.0, 0.0, 10), "+", "not reproduced"),
-    (Interval(0.0, 0.0, 0.0, 10), "0", "no effect (as expected)"),
-    (Interval(0.3, 0.1, 0.5, 10), "0", "EFFECT IN CONTROL"),
-    (Interval(-0.3, -0.5, -0.1, 10), "0", "EFFECT IN CONTROL"),
-    (Interval(0.3, 0.1, 0.5, 10), "?", "b > a"),
-    (Interval(-0.3, -0.5, -0.1, 10), "?", "b < a"),
-    (Interval(0.1, -0.1, 0.3, 10), "?", "no significant difference"),
-    (Interval(math.nan, math.nan, math.nan, 0), "+", "undefined"),
-])
+@pytest.mark.parametrize(
+    "iv,expect,want",
+    [
+        (Interval(0.5, 0.1, 0.9, 10), "+", "reproduced"),
+        (Interval(0.5, 0.1, 0.9, 10), "-", "reversed"),
+        (Interval(-0.5, -0.9, -0.1, 10), "-", "reproduced"),
+        (Interval(-0.5, -0.9, -0.1, 10), "+", "reversed"),
+        (Interval(0.1, -0.2, 0.4, 10), "+", "not reproduced"),
+        (Interval(0.0, 0.0, 0.0, 10), "+", "not reproduced"),
+        (Interval(0.0, 0.0, 0.0, 10), "0", "no effect (as expected)"),
+        (Interval(0.3, 0.1, 0.5, 10), "0", "EFFECT IN CONTROL"),
+        (Interval(-0.3, -0.5, -0.1, 10), "0", "EFFECT IN CONTROL"),
+        (Interval(0.3, 0.1, 0.5, 10), "?", "b > a"),
+        (Interval(-0.3, -0.5, -0.1, 10), "?", "b < a"),
+        (Interval(0.1, -0.1, 0.3, 10), "?", "no significant difference"),
+        (Interval(math.nan, math.nan, math.nan, 0), "+", "undefined"),
+    ],
+)
 def test_verdict_table(iv, expect, want):
     assert verdict(iv, expect) == want

@@ -23,10 +23,23 @@ from toybench.scheduler import plan
 
 pytestmark = pytest.mark.slow  # ~30 s: many short toy runs, two of them in worker processes
 
-EXACT = ("rollout/", "sampling/", "cost/", "toy/gen_time", "toy/truncated_on_track", "toy/length_",
-         "toy/best_path_prob")
-EXACT_KEYS = {"actor/optimizer_steps", "actor/skipped_steps", "actor/empty_windows", "actor/loss_tokens",
-              "actor/filtered_responses", "step"}
+EXACT = (
+    "rollout/",
+    "sampling/",
+    "cost/",
+    "toy/gen_time",
+    "toy/truncated_on_track",
+    "toy/length_",
+    "toy/best_path_prob",
+)
+EXACT_KEYS = {
+    "actor/optimizer_steps",
+    "actor/skipped_steps",
+    "actor/empty_windows",
+    "actor/loss_tokens",
+    "actor/filtered_responses",
+    "step",
+}
 
 
 def _same(a: float, b: float) -> bool:
@@ -41,7 +54,13 @@ def assert_logs_match(ref, got, where=""):
             if k.startswith(EXACT) or k in EXACT_KEYS:
                 assert _same(v, mg[k]), (where, step, k, v, mg[k])
             else:
-                assert _same(v, mg[k]) or abs(v - mg[k]) <= 1e-12 * max(1.0, abs(v)), (where, step, k, v, mg[k])
+                assert _same(v, mg[k]) or abs(v - mg[k]) <= 1e-12 * max(1.0, abs(v)), (
+                    where,
+                    step,
+                    k,
+                    v,
+                    mg[k],
+                )
 
 
 def _loop_with_tables(specs):
@@ -104,8 +123,7 @@ def test_a_run_does_not_depend_on_its_batch():
     exp = REGISTRY["zero_gradient"]  # dynamic sampling: runs draw different numbers of rounds
     together = train_many([exp.spec(arm, s, steps=8) for arm in exp.arms for s in (0, 1, 2)])
     alone = train_many([exp.spec("dynamic_sampling", 1, steps=8)])
-    assert together[4] == alone[0] or all(
-        _same(a[k], b[k]) for a, b in zip(together[4], alone[0]) for k in a)
+    assert together[4] == alone[0] or all(_same(a[k], b[k]) for a, b in zip(together[4], alone[0]) for k in a)
 
 
 def test_underfilled_dynamic_sampling_batches_match_the_loop():
@@ -122,8 +140,10 @@ def test_underfilled_dynamic_sampling_batches_match_the_loop():
 
 def test_filtered_group_stats_variants_match_the_loop():
     base = REGISTRY["truncation_noise"].arms["soft"].cfg.replace(dynamic_sampling=True, max_gen_rounds=3)
-    specs = [RunSpec(task="truncation", cfg=base.replace(filtered_group_stats=v), steps=6, lr=20.0, seed=4)
-             for v in ("shaped", "unpenalized", "excluded")]
+    specs = [
+        RunSpec(task="truncation", cfg=base.replace(filtered_group_stats=v), steps=6, lr=20.0, seed=4)
+        for v in ("shaped", "unpenalized", "excluded")
+    ]
     ref, ref_tables = _loop_with_tables(specs)
     got, table = _engine_with_tables(specs)
     for i in range(3):
@@ -154,7 +174,8 @@ def test_results_do_not_depend_on_the_worker_count():
     for arm in exp.arms:
         for seed in one.seeds:
             assert one.logs[arm][seed] == two.logs[arm][seed] or all(
-                _same(x[k], y[k]) for x, y in zip(one.logs[arm][seed], two.logs[arm][seed]) for k in x)
+                _same(x[k], y[k]) for x, y in zip(one.logs[arm][seed], two.logs[arm][seed]) for k in x
+            )
 
 
 def test_what_the_engine_cannot_batch_goes_to_the_loop():
@@ -163,13 +184,19 @@ def test_what_the_engine_cannot_batch_goes_to_the_loop():
     noisy = RunSpec(task="zero_grad", cfg=cfg, steps=2, lr=1.0, engine_noise=0.1)
     plain = RunSpec(task="zero_grad", cfg=cfg, steps=2, lr=1.0)
     assert batch_key(gru) is None and batch_key(noisy) is None and batch_key(plain) is not None
-    jobs = plan([(("x", "a", 0), gru), (("x", "b", 0), noisy), (("x", "c", 0), plain), (("x", "c", 1), plain)])
+    jobs = plan(
+        [(("x", "a", 0), gru), (("x", "b", 0), noisy), (("x", "c", 0), plain), (("x", "c", 1), plain)]
+    )
     assert sorted((j.batched, len(j.runs)) for j in jobs) == [(False, 1), (False, 1), (True, 2)]
     with pytest.raises(ValueError, match="share one batch_key"):
         train_many([plain, gru])
     with pytest.raises(ValueError, match="share one batch_key"):
         train_many([plain, RunSpec(task="zero_grad", cfg=cfg, steps=3, lr=1.0)])
-    assert [len(j.runs) for j in plan([(("x", "c", i), plain) for i in range(45)], max_runs=20)] == [15, 15, 15]
+    assert [len(j.runs) for j in plan([(("x", "c", i), plain) for i in range(45)], max_runs=20)] == [
+        15,
+        15,
+        15,
+    ]
     with pytest.raises(ValueError, match="engine must be"):
         plan([], engine="gpu")
 

@@ -40,8 +40,15 @@ def test_gym_and_batched_paths_give_the_same_episodes(name, soft):
         rows.append(tokens + [1] * (task.max_len - len(tokens)))
         prompts.append(prompt)
         noise.append(u)
-    res = envs.batched_episodes(task, torch.tensor(prompts), torch.tensor(rows), torch.tensor(noise),
-                                soft_overlong=soft, expected_len=env.expected_len, cache_len=env.cache_len)
+    res = envs.batched_episodes(
+        task,
+        torch.tensor(prompts),
+        torch.tensor(rows),
+        torch.tensor(noise),
+        soft_overlong=soft,
+        expected_len=env.expected_len,
+        cache_len=env.cache_len,
+    )
     for i, (total, correct, length, trunc, on_track) in enumerate(expected):
         assert float(res["reward"][i]) == pytest.approx(total)
         assert bool(res["correct"][i]) == correct

@@ -5,7 +5,6 @@ no effect, and the secondary findings far from the decision boundary (including 
 that go against the paper) must stay as recorded in the closing note and README."""
 
 import json
-import math
 
 import pytest
 
@@ -107,18 +106,44 @@ def test_cli_writes_metrics_summary_and_figure(tmp_path):
     from dapo.cli import main
 
     out = tmp_path / "toy"
-    assert main(["toy", "run", "length_bias", "--seeds", "2", "--steps", "4", "--out", str(out), "--jobs", "1"]) == 0
+    assert (
+        main(["toy", "run", "length_bias", "--seeds", "2", "--steps", "4", "--out", str(out), "--jobs", "1"])
+        == 0
+    )
     lines = (out / "length_bias" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 * (2 + 2) * 4  # arms x (discovery + confirmation seeds) x steps
     row = json.loads(lines[0])
     assert {"experiment", "arm", "seed", "step", "actor/entropy", "rollout/accuracy"} <= set(row)
     summary = json.loads((out / "length_bias" / "summary.json").read_text())
     primary = summary["contrasts"][0]
-    assert summary["blocks"] == {"discovery": [0, 1], "confirmation": [2, 3]} and summary["horizon_steps"] == 4
+    assert (
+        summary["blocks"] == {"discovery": [0, 1], "confirmation": [2, 3]} and summary["horizon_steps"] == 4
+    )
     assert primary["role"] == "primary" and set(primary["blocks"]) == {"discovery", "confirmation"}
     assert all(len(b["ci95"]) == 2 and b["n"] == 2 for b in primary["blocks"].values())
-    assert main(["toy", "run", "length_bias", "--seeds", "2", "--seed-start", "5", "--no-confirm", "--steps", "2",
-                 "--out", str(out), "--jobs", "1", "--no-plots", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "toy",
+                "run",
+                "length_bias",
+                "--seeds",
+                "2",
+                "--seed-start",
+                "5",
+                "--no-confirm",
+                "--steps",
+                "2",
+                "--out",
+                str(out),
+                "--jobs",
+                "1",
+                "--no-plots",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "length_bias" / "summary.json").read_text())
     assert summary["blocks"] == {"discovery": [5, 6]}
     total = json.loads((out / "summary.json").read_text())

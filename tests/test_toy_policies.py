@@ -44,8 +44,15 @@ def test_gru_sampling_matches_teacher_forced_logprobs():
     assert logp.shape == tokens.shape and torch.all(logp <= 0) and torch.all(ent >= 0)
     # first-token frequencies match the teacher-forced first-token distribution
     first = pol.first_token_probs(torch.arange(task.num_prompts))
-    freq = torch.stack([torch.bincount(tokens[prompts == p, 0], minlength=task.vocab_size) for p in
-                        range(task.num_prompts)]).double() / 500
+    freq = (
+        torch.stack(
+            [
+                torch.bincount(tokens[prompts == p, 0], minlength=task.vocab_size)
+                for p in range(task.num_prompts)
+            ]
+        ).double()
+        / 500
+    )
     assert torch.allclose(freq, first, atol=0.08)
 
 
@@ -53,8 +60,17 @@ def test_entropy_change_matches_first_order_covariance_prediction():
     """For a softmax, dH = -Cov_pi(log pi, delta z): check a real tabular SGD step of the
     DAPO update against that prediction, state by state."""
     task = TASKS["entropy"]()
-    cfg = AlgoConfig(group_size=8, train_groups=16, mini_batch_groups=16, expected_len=6, cache_len=2,
-                     overlong_filter=False, soft_overlong=False, dynamic_sampling=False, max_grad_norm=None)
+    cfg = AlgoConfig(
+        group_size=8,
+        train_groups=16,
+        mini_batch_groups=16,
+        expected_len=6,
+        cache_len=2,
+        overlong_filter=False,
+        soft_overlong=False,
+        dynamic_sampling=False,
+        max_grad_norm=None,
+    )
     g = torch.Generator().manual_seed(3)
     pol = TabularPolicy(task, g)
     batch = rollout_round(pol, task, cfg, cfg.train_groups, g)

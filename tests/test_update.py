@@ -4,12 +4,12 @@ import threading
 import pytest
 import torch
 import torch.distributed as dist
+from multiproc import run_function
 
 from dapo.batch import RolloutBatch
-from dapo.config import PRESETS, AlgoConfig
+from dapo.config import AlgoConfig
 from dapo.metrics import SCHEMA
 from dapo.update import DataParallel, LogProbs, update
-from multiproc import run_function
 
 V, T = 5, 6
 
@@ -42,16 +42,28 @@ def make_batch(policy, n_groups=4, g=4, seed=0, truncate_some=True):
     correct = torch.rand(b, generator=gen) < 0.5
     truncated = (lengths == T) if truncate_some else torch.zeros(b, dtype=torch.bool)
     return RolloutBatch(
-        old_logp=old, mask=mask, lengths=lengths, truncated=truncated, correct=correct,
+        old_logp=old,
+        mask=mask,
+        lengths=lengths,
+        truncated=truncated,
+        correct=correct,
         rewards=torch.where(correct, 1.0, -1.0).double() - 0.1 * lengths.double() / T,
-        group_ids=torch.arange(n_groups).repeat_interleave(g), group_size=g,
+        group_ids=torch.arange(n_groups).repeat_interleave(g),
+        group_size=g,
         extras={"tokens": tokens},
     )
 
 
 def cfg_for(agg="token-mean", **kw):
-    base = dict(group_size=4, train_groups=4, mini_batch_groups=2, loss_agg=agg, max_grad_norm=None,
-                eps_high=0.28, clip_ratio_c=3.0)
+    base = dict(
+        group_size=4,
+        train_groups=4,
+        mini_batch_groups=2,
+        loss_agg=agg,
+        max_grad_norm=None,
+        eps_high=0.28,
+        clip_ratio_c=3.0,
+    )
     base.update(kw)
     return AlgoConfig(**base)
 
@@ -78,10 +90,18 @@ def _one_window_reference(batch, cfg, **loss_kw):
 
     ref = PositionPolicy()
     loss_mask = batch.mask & ~batch.truncated.unsqueeze(-1) if cfg.overlong_filter else batch.mask
-    loss, _ = policy_loss(ref(batch).logp, batch.old_logp, group_advantages(batch.rewards, 4, eps=cfg.adv_eps, std_norm=cfg.adv_std_norm),
-                          loss_mask,
-                          eps_low=cfg.eps_low, eps_high=cfg.eps_high, clip_ratio_c=cfg.clip_ratio_c,
-                          agg=cfg.loss_agg, norm_const=cfg.norm_const, **loss_kw)
+    loss, _ = policy_loss(
+        ref(batch).logp,
+        batch.old_logp,
+        group_advantages(batch.rewards, 4, eps=cfg.adv_eps, std_norm=cfg.adv_std_norm),
+        loss_mask,
+        eps_low=cfg.eps_low,
+        eps_high=cfg.eps_high,
+        clip_ratio_c=cfg.clip_ratio_c,
+        agg=cfg.loss_agg,
+        norm_const=cfg.norm_const,
+        **loss_kw,
+    )
     loss.backward()
     return ref.logits.grad.detach()
 
@@ -97,8 +117,9 @@ def test_first_window_gradient_equals_hand_computed_full_window_loss():
     m = update(batch, pol, opt, cfg, micro_batch_size=3)
     adv = group_advantages(batch.rewards, 4)
     loss_mask = batch.mask & ~batch.truncated.unsqueeze(-1)
-    loss, _ = policy_loss(ref(batch).logp, batch.old_logp, adv, loss_mask, eps_low=0.2, eps_high=0.28,
-                          clip_ratio_c=3.0)
+    loss, _ = policy_loss(
+        ref(batch).logp, batch.old_logp, adv, loss_mask, eps_low=0.2, eps_high=0.28, clip_ratio_c=3.0
+    )
     loss.backward()
     assert torch.allclose(pol.logits.detach(), (ref.logits - ref.logits.grad).detach(), atol=1e-10)
     assert m["actor/loss"] == pytest.approx(float(loss.detach()), abs=1e-12)
@@ -122,7 +143,7 @@ def test_overlong_filter_removes_truncated_responses_from_the_gradient():
         pol = PositionPolicy()
         captured = {}
 
-        def fn(mb, pol=pol):
+        def fn(mb, pol=pol, captured=captured):
             out = pol(mb)
             out.logp.retain_grad()
             captured["logp"], captured["rows"] = out.logp, mb.extras["tokens"]
@@ -151,8 +172,15 @@ def test_non_finite_loss_is_skipped_and_weights_untouched():
     assert m["actor/skipped_steps"] == 2 and m["actor/optimizer_steps"] == 0
     assert torch.equal(pol.logits.detach(), before)
     assert all(p.grad is None for p in pol.parameters())
-    for key in ("actor/loss", "actor/grad_norm", "actor/grad_norm_max", "actor/clipfrac_upper", "actor/approx_kl",
-                "actor/entropy", "actor/upclip_old_prob"):
+    for key in (
+        "actor/loss",
+        "actor/grad_norm",
+        "actor/grad_norm_max",
+        "actor/clipfrac_upper",
+        "actor/approx_kl",
+        "actor/entropy",
+        "actor/upclip_old_prob",
+    ):
         assert math.isnan(m[key]), key  # no step taken: undefined, not 0
 
 
@@ -219,13 +247,19 @@ def test_empty_or_missing_batch():
 
 # ---- behaviours pinned by known values (each kills a mutant the suite once missed) ----
 
+
 def test_tis_weights_scale_the_gradient_exactly():
     from dapo.loss import tis_weights
 
     batch = make_batch(PositionPolicy())
     gen = torch.Generator().manual_seed(1)
-    roll = torch.where(batch.mask, (batch.old_logp + 0.5 * torch.randn(batch.old_logp.shape, generator=gen,
-                                                                          dtype=torch.float64)).clamp(max=0), 0.0)
+    roll = torch.where(
+        batch.mask,
+        (batch.old_logp + 0.5 * torch.randn(batch.old_logp.shape, generator=gen, dtype=torch.float64)).clamp(
+            max=0
+        ),
+        0.0,
+    )
     batch = RolloutBatch(**{**batch.__dict__, "rollout_logp": roll})
     cfg = cfg_for(mini_batch_groups=4, tis_cap=2.0)
     pol = PositionPolicy()
@@ -241,8 +275,12 @@ def test_grad_clip_bounds_the_step_and_reports_the_norm_before_clipping():
     batch = make_batch(PositionPolicy())
     bound = 1e-3
     pol = PositionPolicy()
-    m = update(batch, pol, torch.optim.SGD(pol.parameters(), lr=1.0),
-               cfg_for(mini_batch_groups=4, max_grad_norm=bound))
+    m = update(
+        batch,
+        pol,
+        torch.optim.SGD(pol.parameters(), lr=1.0),
+        cfg_for(mini_batch_groups=4, max_grad_norm=bound),
+    )
     step = PositionPolicy().logits.detach() - pol.logits.detach()
     grad = _one_window_reference(batch, cfg_for(mini_batch_groups=4))
     assert m["actor/grad_norm"] == pytest.approx(float(grad.norm()), rel=1e-12)
@@ -282,8 +320,15 @@ def test_token_statistics_are_the_full_batch_statistics():
     cfg = cfg_for(clip_ratio_c=1.5)
     m = update(batch, pol, torch.optim.SGD(pol.parameters(), lr=0.0), cfg, micro_batch_size=3)
     loss_mask = batch.mask & ~batch.truncated.unsqueeze(-1)
-    _, st_ = policy_loss(pol(batch).logp, batch.old_logp, group_advantages(batch.rewards, 4), loss_mask,
-                         eps_low=0.2, eps_high=0.28, clip_ratio_c=1.5)
+    _, st_ = policy_loss(
+        pol(batch).logp,
+        batch.old_logp,
+        group_advantages(batch.rewards, 4),
+        loss_mask,
+        eps_low=0.2,
+        eps_high=0.28,
+        clip_ratio_c=1.5,
+    )
     for key in ("clipfrac_upper", "clipfrac_lower", "dual_clipfrac", "approx_kl", "upclip_old_prob"):
         assert m[f"actor/{key}"] == pytest.approx(float(st_[key]), abs=1e-12), key
     # loss and grad norm: per-step values (each window with its own normaliser), averaged over steps
@@ -292,13 +337,16 @@ def test_token_statistics_are_the_full_batch_statistics():
     for rows in (torch.arange(0, 8), torch.arange(8, 16)):
         ref = PositionPolicy()
         w = batch.select(rows)
-        loss, _ = policy_loss(ref(w).logp, w.old_logp, adv[rows], loss_mask[rows], eps_low=0.2, eps_high=0.28,
-                              clip_ratio_c=1.5)
+        loss, _ = policy_loss(
+            ref(w).logp, w.old_logp, adv[rows], loss_mask[rows], eps_low=0.2, eps_high=0.28, clip_ratio_c=1.5
+        )
         loss.backward()
         losses.append(float(loss.detach()))
         norms.append(float(ref.logits.grad.norm()))
     assert m["actor/loss"] == pytest.approx(sum(losses) / 2, abs=1e-12)
-    assert m["actor/grad_norm"] == pytest.approx(sum(norms) / 2) and m["actor/grad_norm_max"] == pytest.approx(max(norms))
+    assert m["actor/grad_norm"] == pytest.approx(sum(norms) / 2) and m[
+        "actor/grad_norm_max"
+    ] == pytest.approx(max(norms))
     assert 0 < m["actor/clipfrac_upper"] < 1 and 0 < m["actor/clipfrac_lower"] < 1
     assert m["actor/dual_clipfrac"] > 0 and m["actor/empty_windows"] == 0
     assert m["actor/loss_tokens"] == float(loss_mask.sum())
@@ -310,7 +358,9 @@ def test_fully_filtered_window_is_counted_not_stepped():
     trunc[:8] = True  # window 1 (groups 0-1) entirely overlong
     batch = RolloutBatch(**{**batch.__dict__, "truncated": trunc})
     pol = PositionPolicy()
-    m = update(batch, pol, torch.optim.SGD(pol.parameters(), lr=0.1), cfg_for(overlong_filter=True, ppo_epochs=2))
+    m = update(
+        batch, pol, torch.optim.SGD(pol.parameters(), lr=0.1), cfg_for(overlong_filter=True, ppo_epochs=2)
+    )
     assert m["actor/empty_windows"] == 2 and m["actor/optimizer_steps"] == 2 and m["actor/skipped_steps"] == 0
     assert m["actor/filtered_responses"] == float(trunc.sum())
 
@@ -320,7 +370,9 @@ def test_windows_are_shuffled_by_the_generator_only():
     cfg = cfg_for(ppo_epochs=2)
     pol = PositionPolicy()
     torch.manual_seed(123)  # the global RNG must not matter
-    update(batch, pol, torch.optim.SGD(pol.parameters(), lr=0.5), cfg, generator=torch.Generator().manual_seed(7))
+    update(
+        batch, pol, torch.optim.SGD(pol.parameters(), lr=0.5), cfg, generator=torch.Generator().manual_seed(7)
+    )
     # the same thing by hand: each epoch, permute the groups with the same generator, windows in order
     ref, gen = PositionPolicy(), torch.Generator().manual_seed(7)
     opt = torch.optim.SGD(ref.parameters(), lr=0.5)
@@ -337,8 +389,9 @@ def test_windows_are_shuffled_by_the_generator_only():
 def test_entropy_metric_is_the_first_epochs():
     batch = make_batch(PositionPolicy(), truncate_some=False)
     pol = PositionPolicy()
-    m = update(batch, pol, torch.optim.SGD(pol.parameters(), lr=5.0),
-               cfg_for(mini_batch_groups=4, ppo_epochs=3))
+    m = update(
+        batch, pol, torch.optim.SGD(pol.parameters(), lr=5.0), cfg_for(mini_batch_groups=4, ppo_epochs=3)
+    )
     first = PositionPolicy()(batch).entropy.detach()[batch.mask].mean()
     later = pol(batch).entropy.detach()[batch.mask].mean()
     assert abs(float(later - first)) > 1e-3  # the policy moved, so a wrong epoch would show
@@ -367,15 +420,25 @@ def test_skipped_window_statistics_stay_out_of_the_metrics():
 
     w2 = batch.select(torch.arange(8, 16))
     ref = PositionPolicy()(w2)
-    _, st_ = policy_loss(ref.logp, w2.old_logp, group_advantages(batch.rewards, 4)[8:], w2.mask,
-                         eps_low=0.2, eps_high=0.28, clip_ratio_c=3.0)
+    _, st_ = policy_loss(
+        ref.logp,
+        w2.old_logp,
+        group_advantages(batch.rewards, 4)[8:],
+        w2.mask,
+        eps_low=0.2,
+        eps_high=0.28,
+        clip_ratio_c=3.0,
+    )
     assert m["actor/approx_kl"] == pytest.approx(float(st_["approx_kl"]), abs=1e-12)
     assert m["actor/clipfrac_upper"] == pytest.approx(float(st_["clipfrac_upper"]), abs=1e-12)
     assert m["actor/entropy"] == pytest.approx(float(ref.entropy.detach()[w2.mask].mean()), abs=1e-12)
-    assert m["actor/entropy"] != pytest.approx(float(PositionPolicy()(batch).entropy.detach()[batch.mask].mean()))
+    assert m["actor/entropy"] != pytest.approx(
+        float(PositionPolicy()(batch).entropy.detach()[batch.mask].mean())
+    )
 
 
 # ---- data parallel: 2 gloo ranks == 1 process --------------------------------------
+
 
 def ranks_update(rank, world, agg, out):
     """One rank of the 2-process run (started by multiproc.run_function in a gloo group)."""
@@ -450,10 +513,16 @@ def test_ranks_as_threads_match_single_process(agg):
                 for p in pol.parameters():  # what DDP does: average gradients over ranks
                     p.grad.copy_(group.all_reduce(rank, p.grad) / world)
 
-            m = update(shard, pol, torch.optim.SGD(pol.parameters(), lr=0.5), cfg_for(agg, mini_batch_groups=2),
-                       dp=DataParallel(world, lambda x: group.all_reduce(rank, x)), backward=backward)
+            m = update(
+                shard,
+                pol,
+                torch.optim.SGD(pol.parameters(), lr=0.5),
+                cfg_for(agg, mini_batch_groups=2),
+                dp=DataParallel(world, lambda x: group.all_reduce(rank, x)),
+                backward=backward,
+            )
             results[rank] = (pol.logits.detach(), m)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+        except BaseException as e:
             errors.append(e)
             group.barrier.abort()
 

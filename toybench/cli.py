@@ -16,17 +16,29 @@ def _parser() -> argparse.ArgumentParser:
     _seed_args(run, 10)
     run.add_argument("--out", type=Path, default=Path("runs/toy"), help="output directory (default runs/toy)")
     run.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
-    run.add_argument("--policy", choices=["tabular", "gru"], default="tabular",
-                     help="tabular softmax + SGD (default) or GRU + Adam")
+    run.add_argument(
+        "--policy",
+        choices=["tabular", "gru"],
+        default="tabular",
+        help="tabular softmax + SGD (default) or GRU + Adam",
+    )
     run.add_argument("--steps", type=int, default=None, help="override every horizon (exploration only)")
-    run.add_argument("--engine", choices=["batched", "loop"], default="batched",
-                     help="batched: runs stacked in one tensor computation (default); loop: one run at a time "
-                          "(the reference; same results)")
-    run.add_argument("--no-plots", action="store_true", help="skip the PNG figures even if seaborn is installed")
+    run.add_argument(
+        "--engine",
+        choices=["batched", "loop"],
+        default="batched",
+        help="batched: runs stacked in one tensor computation (default); loop: one run at a time "
+        "(the reference; same results)",
+    )
+    run.add_argument(
+        "--no-plots", action="store_true", help="skip the PNG figures even if seaborn is installed"
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     sub.add_parser("list", help="list the experiments")
-    for name, help_, seeds in (("ladder", "the six Table-1 presets in order on the composite task", 10),
-                               ("factorial", "all 2^5 combinations of the five techniques", 5)):
+    for name, help_, seeds in (
+        ("ladder", "the six Table-1 presets in order on the composite task", 10),
+        ("factorial", "all 2^5 combinations of the five techniques", 5),
+    ):
         q = sub.add_parser(name, help=help_)
         _seed_args(q, seeds)
         q.add_argument("--out", type=Path, default=Path(f"reports/{name}"), help=f"default reports/{name}")
@@ -41,11 +53,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _seed_args(p: argparse.ArgumentParser, default: int) -> None:
-    p.add_argument("--seeds", type=int, default=default,
-                   help=f"paired seeds per block (default {default}): a discovery block and a disjoint "
-                        "confirmation block are both run, and a finding must hold on both")
-    p.add_argument("--seed-start", type=int, default=0,
-                   help="first seed of the discovery block (default 0); the confirmation block follows it")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=default,
+        help=f"paired seeds per block (default {default}): a discovery block and a disjoint "
+        "confirmation block are both run, and a finding must hold on both",
+    )
+    p.add_argument(
+        "--seed-start",
+        type=int,
+        default=0,
+        help="first seed of the discovery block (default 0); the confirmation block follows it",
+    )
     p.add_argument("--no-confirm", action="store_true", help="run the discovery block only (exploration)")
 
 
@@ -81,30 +101,65 @@ def main(argv: list[str] | None = None) -> int:
     elif args.experiment in REGISTRY:
         chosen = [REGISTRY[args.experiment]]
     else:
-        print(f"dapo toy run: unknown experiment {args.experiment!r}; choose from: all, {', '.join(REGISTRY)}",
-              file=sys.stderr)
+        print(
+            f"dapo toy run: unknown experiment {args.experiment!r}; choose from: all, {', '.join(REGISTRY)}",
+            file=sys.stderr,
+        )
         return 2
     if (err := _check_seeds("run", args)) is not None:
         print(err, file=sys.stderr)
         return 2
-    return run(chosen, args.seeds, args.out, args.jobs, args.policy, args.steps, plots=not args.no_plots,
-               seed_start=args.seed_start, confirm=not args.no_confirm, engine=args.engine, quiet=args.quiet)
+    return run(
+        chosen,
+        args.seeds,
+        args.out,
+        args.jobs,
+        args.policy,
+        args.steps,
+        plots=not args.no_plots,
+        seed_start=args.seed_start,
+        confirm=not args.no_confirm,
+        engine=args.engine,
+        quiet=args.quiet,
+    )
 
 
-def run(chosen, seeds: int, out: Path, jobs: int | None, policy: str, steps: int | None, plots: bool = True,
-        seed_start: int = 0, confirm: bool = True, engine: str = "batched", quiet: bool = False) -> int:
+def run(
+    chosen,
+    seeds: int,
+    out: Path,
+    jobs: int | None,
+    policy: str,
+    steps: int | None,
+    plots: bool = True,
+    seed_start: int = 0,
+    confirm: bool = True,
+    engine: str = "batched",
+    quiet: bool = False,
+) -> int:
     from .experiment import run_experiments
     from .output import format_table, write_all
     from .plots import plot_experiment, plotting_available
 
     t0 = time.perf_counter()
-    results = run_experiments(chosen, seeds=seeds, jobs=jobs, policy=policy, steps=steps, seed_start=seed_start,
-                              confirm=confirm, engine=engine, progress=not quiet)
+    results = run_experiments(
+        chosen,
+        seeds=seeds,
+        jobs=jobs,
+        policy=policy,
+        steps=steps,
+        seed_start=seed_start,
+        confirm=confirm,
+        engine=engine,
+        progress=not quiet,
+    )
     wall = time.perf_counter() - t0
     total = write_all(results, out, wall)
     print(format_table(results))
-    print(f"\n{len(results)} experiment(s), {len(results[0].seeds)} seeds per arm, {total['sampled_tokens']:.0f} "
-          f"sampled tokens in {wall:.1f} s wall ({total['sampled_tokens'] / wall:.0f} tokens/s); results in {out}/")
+    print(
+        f"\n{len(results)} experiment(s), {len(results[0].seeds)} seeds per arm, {total['sampled_tokens']:.0f} "
+        f"sampled tokens in {wall:.1f} s wall ({total['sampled_tokens'] / wall:.0f} tokens/s); results in {out}/"
+    )
     if plots:
         if plotting_available():
             for r in results:
@@ -122,8 +177,15 @@ def _ladder(args, argv) -> int:
     if (err := _check_seeds(args.cmd, args)) is not None:
         print(err, file=sys.stderr)
         return 2
-    result, wall = L.run(args.cmd, args.seeds, args.jobs, args.steps or L.STEPS, seed_start=args.seed_start,
-                         confirm=not args.no_confirm, progress=not args.quiet)
+    result, wall = L.run(
+        args.cmd,
+        args.seeds,
+        args.jobs,
+        args.steps or L.STEPS,
+        seed_start=args.seed_start,
+        confirm=not args.no_confirm,
+        progress=not args.quiet,
+    )
     command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
     writer = write_ladder if args.cmd == "ladder" else write_factorial
     path = writer(result, wall, args.out, command)

@@ -29,16 +29,32 @@ clip factor depends on the grad norm's last bits.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from dapo import AlgoConfig, config_advantages, config_reward, masked_mean, policy_loss, rollout_stats, uniform_groups
+from dapo import (
+    AlgoConfig,
+    config_advantages,
+    config_reward,
+    masked_mean,
+    policy_loss,
+    rollout_stats,
+    uniform_groups,
+)
 from dapo.loss import window_denominator
 
-from .policies import EOS, TabularPolicy, exact_accuracy, exact_lengths, sample_table, table_cdf, table_logp_entropy
+from .policies import (
+    EOS,
+    TabularPolicy,
+    exact_accuracy,
+    exact_lengths,
+    sample_table,
+    table_cdf,
+    table_logp_entropy,
+)
 from .runner import SIM_TAILS, RunSpec, _best_paths, _long_prompts, make_task, round_times
 from .tasks import episode_end, verify
 
@@ -50,8 +66,15 @@ def batch_key(spec: RunSpec) -> tuple | None:
     if spec.policy != "tabular" or spec.engine_noise > 0:
         return None
     c = spec.cfg
-    return (spec.task, tuple(sorted(spec.task_kwargs.items())), spec.steps, spec.lr, spec.init_noise,
-            c.group_size, c.train_groups)
+    return (
+        spec.task,
+        tuple(sorted(spec.task_kwargs.items())),
+        spec.steps,
+        spec.lr,
+        spec.init_noise,
+        c.group_size,
+        c.train_groups,
+    )
 
 
 @dataclass
@@ -105,8 +128,10 @@ class _Engine:
         self.task = task = make_task(specs[0])
         for c in self.cfgs:
             if c.max_len != task.max_len:
-                raise ValueError(f"cfg.expected_len + cfg.cache_len = {c.max_len} must equal the task's "
-                                 f"max_len {task.max_len}")
+                raise ValueError(
+                    f"cfg.expected_len + cfg.cache_len = {c.max_len} must equal the task's "
+                    f"max_len {task.max_len}"
+                )
         self.R = R = len(specs)
         self.G = specs[0].cfg.group_size
         self.n_groups = specs[0].cfg.train_groups
@@ -122,7 +147,9 @@ class _Engine:
         self.long = _long_prompts(task)
         self.q_best = task.quality.argmax(1, keepdim=True)
         self.q_worst = task.quality.argmin(1, keepdim=True)
-        self.groups = {name: [_Members(c, m, R) for c, m in g] for name, g in _config_groups(self.cfgs).items()}
+        self.groups = {
+            name: [_Members(c, m, R) for c, m in g] for name, g in _config_groups(self.cfgs).items()
+        }
         cfgs = self.cfgs
         self.max_rounds = torch.tensor([c.max_gen_rounds for c in cfgs])
         self.ds = torch.tensor([c.dynamic_sampling for c in cfgs])
@@ -131,11 +158,15 @@ class _Engine:
         self.epochs = torch.tensor([c.ppo_epochs for c in cfgs])
         self.mbg = torch.tensor([c.mini_batch_groups for c in cfgs])
         clip = [c.max_grad_norm for c in cfgs]
-        self.clip = None if all(c is None for c in clip) else torch.tensor(
-            [math.inf if c is None else c for c in clip], dtype=torch.float64)
+        self.clip = (
+            None
+            if all(c is None for c in clip)
+            else torch.tensor([math.inf if c is None else c for c in clip], dtype=torch.float64)
+        )
 
-    def logp_entropy(self, run: Tensor, prompts: Tensor, tokens: Tensor, entropy: bool = True
-                     ) -> tuple[Tensor, Tensor | None]:
+    def logp_entropy(
+        self, run: Tensor, prompts: Tensor, tokens: Tensor, entropy: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
         return table_logp_entropy(self.table, prompts, tokens, run=run, entropy=entropy)
 
     # -- one generation round for the active runs --------------------------------------------
@@ -206,10 +237,18 @@ class _Engine:
         best = first.gather(2, self.best.view(1, -1, 1).expand(self.R, -1, 1)).squeeze(-1).mean(-1)
         acc = exact_accuracy(table, self.task)
         lengths = exact_lengths(table, self.task)
-        cols = [best, acc.mean(-1),
-                lengths.gather(2, self.q_best.expand(self.R, -1, -1)).squeeze(-1).mean(-1),
-                lengths.gather(2, self.q_worst.expand(self.R, -1, -1)).squeeze(-1).mean(-1)]
-        names = ["toy/best_path_prob", "toy/expected_accuracy", "toy/length_best_path", "toy/length_worst_path"]
+        cols = [
+            best,
+            acc.mean(-1),
+            lengths.gather(2, self.q_best.expand(self.R, -1, -1)).squeeze(-1).mean(-1),
+            lengths.gather(2, self.q_worst.expand(self.R, -1, -1)).squeeze(-1).mean(-1),
+        ]
+        names = [
+            "toy/best_path_prob",
+            "toy/expected_accuracy",
+            "toy/length_best_path",
+            "toy/length_worst_path",
+        ]
         if bool(self.long.any()):
             cols.append(acc[:, self.long].mean(-1))
             names.append("toy/expected_accuracy_long")
@@ -239,8 +278,9 @@ class _Engine:
             parts.append(rd)
             n = len(active_t)
             rnd = rounds[active_t]  # every active run is on the same round: rounds advance together
-            times = round_times(rd.lengths.view(n, -1), [self.specs[r].seed for r in active], self.step,
-                                int(rnd[0]))
+            times = round_times(
+                rd.lengths.view(n, -1), [self.specs[r].seed for r in active], self.step, int(rnd[0])
+            )
             for name, t in times.items():
                 gen_time[name][active_t] += t
             correct = rd.correct.view(n, -1)
@@ -261,29 +301,54 @@ class _Engine:
             offset += n * target
         data = _cat_rounds(parts, G)  # rows of every round, then one sentinel group
         all_runs = torch.cat(seen_run)
-        seen_idx, seen_valid = _slots(all_runs, torch.arange(offset), R, int(rounds.max()) * target, offset, G)
+        seen_idx, seen_valid = _slots(
+            all_runs, torch.arange(offset), R, int(rounds.max()) * target, offset, G
+        )
         batch_idx, valid = _slots(torch.cat(kept_run), torch.cat(kept_gid), R, target, offset, G)
         lengths_seen = data["lengths"][seen_idx]
         truncated_seen = data["truncated"][seen_idx]
-        stats = rollout_stats(correct=data["correct"][seen_idx], lengths=lengths_seen, truncated=truncated_seen,
-                              rewards=data["rewards"][seen_idx], group_size=G, valid=seen_valid)
+        stats = rollout_stats(
+            correct=data["correct"][seen_idx],
+            lengths=lengths_seen,
+            truncated=truncated_seen,
+            rewards=data["rewards"][seen_idx],
+            group_size=G,
+            valid=seen_valid,
+        )
         n_truncated = truncated_seen.sum(1)
         on_track = data["on_track"][seen_idx].sum(1)
         generated_tokens = lengths_seen.sum(1).double()
         acc = accepted.clamp(max=target).double()
         nan = torch.full((R,), math.nan, dtype=torch.float64)
-        cols = torch.stack([
-            *stats.values(),
-            rounds.double(), (seen_valid.sum(1) // G).double(), generated_tokens,
-            acc, rejected[:, 0].double(), rejected[:, 1].double(), accepted.double() - acc,
-            (accepted < target).double(),
-            torch.where(acc > 0, generated_tokens / acc.clamp(min=1), nan),
-            *gen_time.values(),
-            torch.where(n_truncated > 0, on_track.double() / n_truncated.clamp(min=1), nan),
-        ], 1).tolist()
-        names = [*stats, "sampling/rounds", "sampling/generated_groups", "sampling/generated_tokens",
-                 "sampling/accepted_groups", "sampling/rejected_all_correct", "sampling/rejected_all_wrong",
-                 "sampling/surplus_groups", "sampling/underfilled", "sampling/tokens_per_accepted_group"]
+        cols = torch.stack(
+            [
+                *stats.values(),
+                rounds.double(),
+                (seen_valid.sum(1) // G).double(),
+                generated_tokens,
+                acc,
+                rejected[:, 0].double(),
+                rejected[:, 1].double(),
+                accepted.double() - acc,
+                (accepted < target).double(),
+                torch.where(acc > 0, generated_tokens / acc.clamp(min=1), nan),
+                *gen_time.values(),
+                torch.where(n_truncated > 0, on_track.double() / n_truncated.clamp(min=1), nan),
+            ],
+            1,
+        ).tolist()
+        names = [
+            *stats,
+            "sampling/rounds",
+            "sampling/generated_groups",
+            "sampling/generated_tokens",
+            "sampling/accepted_groups",
+            "sampling/rejected_all_correct",
+            "sampling/rejected_all_wrong",
+            "sampling/surplus_groups",
+            "sampling/underfilled",
+            "sampling/tokens_per_accepted_group",
+        ]
         metrics = [dict(zip(names, row[: len(names)])) for row in cols]
         extra = [dict(zip(gen_time, row[len(names) : -1])) for row in cols]
         batch = {k: v[batch_idx] for k, v in data.items()}
@@ -304,8 +369,17 @@ class _Engine:
         old_logp = torch.where(mask, old_logp, torch.zeros_like(old_logp))
         adv = torch.zeros(mask.shape[:2], dtype=torch.float64)
         for grp in self.groups["advantage"]:
-            grp.put(adv, config_advantages(grp.pick(batch["rewards"]), grp.pick(batch["correct"]),
-                                           grp.pick(batch["lengths"]), grp.pick(batch["truncated"]), G, grp.cfg))
+            grp.put(
+                adv,
+                config_advantages(
+                    grp.pick(batch["rewards"]),
+                    grp.pick(batch["correct"]),
+                    grp.pick(batch["lengths"]),
+                    grp.pick(batch["truncated"]),
+                    G,
+                    grp.cfg,
+                ),
+            )
         filtered = batch["truncated"] & self.filt.unsqueeze(1)
         loss_mask = mask & ~filtered.unsqueeze(-1)
         # windows: each run's responses in batch order, cut into ceil(groups / mini_batch) pieces
@@ -327,14 +401,20 @@ class _Engine:
                 slot_mask = loss_mask[:, rows] & in_win.unsqueeze(-1)
                 denom = torch.zeros(R, dtype=torch.float64)
                 for grp in self.groups["loss"]:
-                    grp.put(denom, window_denominator(grp.pick(slot_mask), grp.cfg.loss_agg, grp.cfg.norm_const))
+                    grp.put(
+                        denom, window_denominator(grp.pick(slot_mask), grp.cfg.loss_agg, grp.cfg.norm_const)
+                    )
                 stepping = live & (denom > 0)
                 acc.empty_windows += live & (denom == 0)
                 if not bool(stepping.any()):
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
-                logp, entropy = self.logp_entropy(batch["run"][:, rows], batch["prompts"][:, rows],
-                                                  batch["tokens"][:, rows], entropy=epoch == 0)
+                logp, entropy = self.logp_entropy(
+                    batch["run"][:, rows],
+                    batch["prompts"][:, rows],
+                    batch["tokens"][:, rows],
+                    entropy=epoch == 0,
+                )
                 if any(nan_runs):
                     logp = torch.where(torch.tensor(nan_runs).view(R, 1, 1), logp * float("nan"), logp)
                 loss = torch.zeros(R, dtype=torch.float64)
@@ -342,10 +422,18 @@ class _Engine:
                 total = torch.zeros((), dtype=torch.float64)
                 for grp in self.groups["loss"]:
                     c = grp.cfg
-                    li, si = policy_loss(grp.pick(logp), grp.pick(old_logp[:, rows]), grp.pick(adv[:, rows]),
-                                         grp.pick(slot_mask),
-                                         eps_low=c.eps_low, eps_high=c.eps_high, clip_ratio_c=c.clip_ratio_c,
-                                         agg=c.loss_agg, agg_denominator=grp.pick(denom), norm_const=c.norm_const)
+                    li, si = policy_loss(
+                        grp.pick(logp),
+                        grp.pick(old_logp[:, rows]),
+                        grp.pick(adv[:, rows]),
+                        grp.pick(slot_mask),
+                        eps_low=c.eps_low,
+                        eps_high=c.eps_high,
+                        clip_ratio_c=c.clip_ratio_c,
+                        agg=c.loss_agg,
+                        agg_denominator=grp.pick(denom),
+                        norm_const=c.norm_const,
+                    )
                     total = total + torch.where(grp.pick(stepping), li, torch.zeros_like(li)).sum()
                     grp.put(loss, li.detach())
                     grp.put(stats, torch.stack([si[k] for k in _STATS], 1))
@@ -390,8 +478,16 @@ class _Acc:
         self.sums = torch.zeros(R, 13, dtype=torch.float64)
         self.norm_max = torch.full((R,), -math.inf, dtype=torch.float64)
 
-    def add(self, stats: Tensor, loss: Tensor, norm: Tensor, took: Tensor, skipped: Tensor,
-            entropy: Tensor | None, ent_mask: Tensor) -> None:
+    def add(
+        self,
+        stats: Tensor,
+        loss: Tensor,
+        norm: Tensor,
+        took: Tensor,
+        skipped: Tensor,
+        entropy: Tensor | None,
+        ent_mask: Tensor,
+    ) -> None:
         n = stats[:, 0]
         k_up = stats[:, 5]
         if entropy is not None:
@@ -399,8 +495,21 @@ class _Acc:
             ent_sum = torch.where(ent_mask, entropy.to(torch.float64), 0.0).sum((1, 2))
         else:
             ent_tokens = ent_sum = torch.zeros_like(n)
-        row = torch.stack([torch.ones_like(n), torch.zeros_like(n), loss, norm, n, *(stats[:, 1:5] * n.unsqueeze(1)).T,
-                           k_up, torch.where(k_up > 0, stats[:, 6] * k_up, 0.0), ent_tokens, ent_sum], 1)
+        row = torch.stack(
+            [
+                torch.ones_like(n),
+                torch.zeros_like(n),
+                loss,
+                norm,
+                n,
+                *(stats[:, 1:5] * n.unsqueeze(1)).T,
+                k_up,
+                torch.where(k_up > 0, stats[:, 6] * k_up, 0.0),
+                ent_tokens,
+                ent_sum,
+            ],
+            1,
+        )
         self.sums += torch.where(took.unsqueeze(1), row, 0.0)
         self.sums[:, 1] += skipped.double()
         self.norm_max = torch.where(took, torch.maximum(self.norm_max, norm), self.norm_max)
@@ -415,11 +524,25 @@ class _Acc:
         steps = s[:, 0]
         cols = [steps, s[:, 1]]
         cols += [ratio(s[:, 5 + i], s[:, 4]) for i in range(len(_TOKEN_STATS))]
-        cols += [ratio(s[:, 10], s[:, 9]), ratio(s[:, 12], s[:, 11]), ratio(s[:, 2], steps), ratio(s[:, 3], steps),
-                 torch.where(steps > 0, self.norm_max, nan), self.empty_windows.double()]
-        names = ["actor/optimizer_steps", "actor/skipped_steps", *(f"actor/{k}" for k in _TOKEN_STATS),
-                 "actor/upclip_old_prob", "actor/entropy", "actor/loss", "actor/grad_norm", "actor/grad_norm_max",
-                 "actor/empty_windows"]
+        cols += [
+            ratio(s[:, 10], s[:, 9]),
+            ratio(s[:, 12], s[:, 11]),
+            ratio(s[:, 2], steps),
+            ratio(s[:, 3], steps),
+            torch.where(steps > 0, self.norm_max, nan),
+            self.empty_windows.double(),
+        ]
+        names = [
+            "actor/optimizer_steps",
+            "actor/skipped_steps",
+            *(f"actor/{k}" for k in _TOKEN_STATS),
+            "actor/upclip_old_prob",
+            "actor/entropy",
+            "actor/loss",
+            "actor/grad_norm",
+            "actor/grad_norm_max",
+            "actor/empty_windows",
+        ]
         return [dict(zip(names, row)) for row in torch.stack(cols, 1).tolist()]
 
 
@@ -457,8 +580,9 @@ def _cat_rounds(parts: list[_Round], group_size: int) -> dict[str, Tensor]:
     return data
 
 
-def _slots(run: Tensor, gid: Tensor, n_runs: int, width: int, sentinel: int, group_size: int
-           ) -> tuple[Tensor, Tensor]:
+def _slots(
+    run: Tensor, gid: Tensor, n_runs: int, width: int, sentinel: int, group_size: int
+) -> tuple[Tensor, Tensor]:
     """Row indices [R, width * G] of each run's first ``width`` groups (``gid``, listed in
     generation order with their ``run``), padded with the sentinel group; and the valid mask."""
     order = torch.argsort(run, stable=True)
@@ -477,8 +601,15 @@ def _config_groups(cfgs: list[AlgoConfig]) -> dict[str, list[tuple[AlgoConfig, l
     """Runs grouped by the knobs each batched core call takes as scalars."""
     keys: dict[str, Callable[[AlgoConfig], tuple]] = {
         "reward": lambda c: (c.soft_overlong, c.expected_len, c.cache_len, c.overlong_penalty_factor),
-        "advantage": lambda c: (c.overlong_filter, c.filtered_group_stats, c.adv_eps, c.adv_std_norm,
-                                c.soft_overlong, c.expected_len, c.cache_len),
+        "advantage": lambda c: (
+            c.overlong_filter,
+            c.filtered_group_stats,
+            c.adv_eps,
+            c.adv_std_norm,
+            c.soft_overlong,
+            c.expected_len,
+            c.cache_len,
+        ),
         "loss": lambda c: (c.eps_low, c.eps_high, c.clip_ratio_c, c.loss_agg, c.norm_const),
     }
     out: dict[str, list[tuple[AlgoConfig, list[int]]]] = {}

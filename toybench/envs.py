@@ -16,6 +16,8 @@ Training uses the batched tensor path (:func:`batched_episodes` over the same
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -36,10 +38,17 @@ def episode_start(task: TokenTask, seed: int) -> tuple[int, float]:
 class TokenMDPEnv(gym.Env):
     """One response to one prompt of a :class:`~toybench.tasks.TokenTask`."""
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata: ClassVar[dict[str, list[str]]] = {"render_modes": ["ansi"]}
 
-    def __init__(self, task: str = "composite", soft_overlong: bool = False, expected_len: int | None = None,
-                 cache_len: int | None = None, task_kwargs: dict | None = None, render_mode: str | None = None):
+    def __init__(
+        self,
+        task: str = "composite",
+        soft_overlong: bool = False,
+        expected_len: int | None = None,
+        cache_len: int | None = None,
+        task_kwargs: dict | None = None,
+        render_mode: str | None = None,
+    ):
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; known: {sorted(TASKS)}")
         self.task = TASKS[task](**(task_kwargs or {}))
@@ -52,10 +61,12 @@ class TokenMDPEnv(gym.Env):
         self.render_mode = render_mode
         v = self.task.vocab_size
         self.pad = v
-        self.observation_space = spaces.Dict({
-            "prompt": spaces.Discrete(self.task.num_prompts),
-            "prefix": spaces.Box(low=0, high=v, shape=(t,), dtype=np.int64),
-        })
+        self.observation_space = spaces.Dict(
+            {
+                "prompt": spaces.Discrete(self.task.num_prompts),
+                "prefix": spaces.Box(low=0, high=v, shape=(t,), dtype=np.int64),
+            }
+        )
         self.action_space = spaces.Discrete(v)
         self._prompt = 0
         self._noise = 0.0
@@ -85,8 +96,13 @@ class TokenMDPEnv(gym.Env):
         reward = 0.0
         if terminated or truncated:
             res = batched_episodes(
-                self.task, torch.tensor([self._prompt]), torch.tensor([self._tokens]), torch.tensor([self._noise]),
-                soft_overlong=self.soft_overlong, expected_len=self.expected_len, cache_len=self.cache_len,
+                self.task,
+                torch.tensor([self._prompt]),
+                torch.tensor([self._tokens]),
+                torch.tensor([self._noise]),
+                soft_overlong=self.soft_overlong,
+                expected_len=self.expected_len,
+                cache_len=self.cache_len,
             )
             reward = float(res["reward"][0])
             info = {k: (v[0].item()) for k, v in res.items() if k != "reward"}
@@ -99,18 +115,33 @@ class TokenMDPEnv(gym.Env):
         return None
 
 
-def batched_episodes(task: TokenTask, prompts: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor, *,
-                     soft_overlong: bool, expected_len: int, cache_len: int) -> dict[str, torch.Tensor]:
+def batched_episodes(
+    task: TokenTask,
+    prompts: torch.Tensor,
+    tokens: torch.Tensor,
+    noise: torch.Tensor,
+    *,
+    soft_overlong: bool,
+    expected_len: int,
+    cache_len: int,
+) -> dict[str, torch.Tensor]:
     """The outcome of many episodes at once: tokens [B, <= max_len] (anything after the first
     EOS ignored; rows shorter than ``max_len`` without EOS are padded with a word)."""
     if tokens.shape[1] < task.max_len:
         tokens = torch.nn.functional.pad(tokens, (0, task.max_len - tokens.shape[1]), value=1)
     lengths, truncated = episode_end(tokens, task.max_len)
     out = verify(task, prompts, tokens, lengths, truncated, noise)
-    reward = outcome_reward(out.correct, lengths, soft_overlong=soft_overlong, expected_len=expected_len,
-                            cache_len=cache_len)
-    return {"reward": reward, "correct": out.correct, "on_track": out.on_track, "path": out.path,
-            "length": lengths, "truncated": truncated}
+    reward = outcome_reward(
+        out.correct, lengths, soft_overlong=soft_overlong, expected_len=expected_len, cache_len=cache_len
+    )
+    return {
+        "reward": reward,
+        "correct": out.correct,
+        "on_track": out.on_track,
+        "path": out.path,
+        "length": lengths,
+        "truncated": truncated,
+    }
 
 
 ENV_IDS = {name: f"toybench/{name.title().replace('_', '')}-v0" for name in TASKS}

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from dapo import AlgoConfig
 
@@ -83,11 +84,20 @@ class Experiment:
     def spec(self, arm: str, seed: int, policy: str = "tabular", steps: int | None = None) -> RunSpec:
         a = self.arms[arm]
         lr = a.lr if policy == "tabular" else a.lr_gru
-        return RunSpec(task=a.task or self.task, cfg=a.cfg, steps=steps or self.steps, lr=lr, seed=seed,
-                       policy=policy, task_kwargs=dict(a.task_kwargs), **a.faults)
+        return RunSpec(
+            task=a.task or self.task,
+            cfg=a.cfg,
+            steps=steps or self.steps,
+            lr=lr,
+            seed=seed,
+            policy=policy,
+            task_kwargs=dict(a.task_kwargs),
+            **a.faults,
+        )
 
 
 # ---- summaries ---------------------------------------------------------------------------
+
 
 def _finite(values: Sequence[float]) -> list[float]:
     return [v for v in values if not math.isnan(v)]
@@ -152,6 +162,7 @@ def at_budget(metric: str, x: str, budget: float) -> Callable[[Log], float]:
 
 
 # ---- running -------------------------------------------------------------------------------
+
 
 def seed_blocks(n: int, start: int = 0, confirm: bool = True) -> dict[str, list[int]]:
     """The discovery block ``start .. start + n - 1`` and the disjoint confirmation block
@@ -218,8 +229,14 @@ class ExperimentResult:
         return sum(log[-1]["cost/tokens_total"] for runs in self.logs.values() for log in runs.values())
 
 
-def evaluate(exp: Experiment, seeds: list[int], logs: dict[str, dict[int, Log]], cpu: float,
-             policy: str = "tabular", blocks: dict[str, list[int]] | None = None) -> ExperimentResult:
+def evaluate(
+    exp: Experiment,
+    seeds: list[int],
+    logs: dict[str, dict[int, Log]],
+    cpu: float,
+    policy: str = "tabular",
+    blocks: dict[str, list[int]] | None = None,
+) -> ExperimentResult:
     blocks = blocks or {"discovery": list(seeds)}
     summaries = {
         name: {arm: [s.fn(logs[arm][seed]) for seed in seeds] for arm in exp.arms}
@@ -268,8 +285,9 @@ def run_experiments(
     else:
         blocks = {"discovery": list(seeds)}
     seed_list = [s for members in blocks.values() for s in members]
-    runs = [((e.name, arm, s), e.spec(arm, s, policy)) for e in experiments for arm in e.arms
-            for s in seed_list]
+    runs = [
+        ((e.name, arm, s), e.spec(arm, s, policy)) for e in experiments for arm in e.arms for s in seed_list
+    ]
     job_list = plan(runs, engine)
     done = execute(job_list, jobs or os.cpu_count() or 1, show_progress=progress)
     logs: dict[str, dict[str, dict[int, Log]]] = {e.name: {a: {} for a in e.arms} for e in experiments}

@@ -36,24 +36,46 @@ class Case:
     note: str = ""
 
 
-FAULTS_BASE = AlgoConfig(group_size=8, train_groups=16, mini_batch_groups=4, expected_len=12, cache_len=4,
-                         max_grad_norm=1.0, dynamic_sampling=False)
+FAULTS_BASE = AlgoConfig(
+    group_size=8,
+    train_groups=16,
+    mini_batch_groups=4,
+    expected_len=12,
+    cache_len=4,
+    max_grad_norm=1.0,
+    dynamic_sampling=False,
+)
 FAULTS = Experiment(
-    name="faults", title="Injected faults on the composite task", paper="-", task="composite", steps=60,
+    name="faults",
+    title="Injected faults on the composite task",
+    paper="-",
+    task="composite",
+    steps=60,
     arms={
-        "clean": Arm(FAULTS_BASE, 20.0, faults={"engine_noise": 1e-7}),  # an engine that agrees to fp precision
+        "clean": Arm(
+            FAULTS_BASE, 20.0, faults={"engine_noise": 1e-7}
+        ),  # an engine that agrees to fp precision
         "engine_noise": Arm(FAULTS_BASE, 20.0, faults={"engine_noise": 0.3}),
         "nan_steps": Arm(FAULTS_BASE, 20.0, faults={"nan_steps": tuple(range(5, 60, 5))}),
     },
-    summaries={}, contrasts=(),
+    summaries={},
+    contrasts=(),
 )
 
 CASES = (
-    Case("entropy_collapse", ("entropy_collapse", "symmetric"), ("entropy_collapse", "clip_higher"),
-         note="Clip-Higher slows the toy's noise-driven collapse but does not stop it"),
-    Case("vanishing_signal", ("zero_gradient", "no_ds"), ("zero_gradient", "dynamic_sampling"),
-         note="with dynamic sampling the rule reports the cost instead: rounds grow and the batch underfills "
-              "once the toy task is solved (knob: filter the data)"),
+    Case(
+        "entropy_collapse",
+        ("entropy_collapse", "symmetric"),
+        ("entropy_collapse", "clip_higher"),
+        note="Clip-Higher slows the toy's noise-driven collapse but does not stop it",
+    ),
+    Case(
+        "vanishing_signal",
+        ("zero_gradient", "no_ds"),
+        ("zero_gradient", "dynamic_sampling"),
+        note="with dynamic sampling the rule reports the cost instead: rounds grow and the batch underfills "
+        "once the toy task is solved (knob: filter the data)",
+    ),
     Case("truncation_noise", ("truncation_noise", "punish"), ("truncation_noise", "soft"), horizon=50),
     Case("rollout_mismatch", ("faults", "engine_noise"), ("faults", "clean")),
     Case("gradients", ("faults", "nan_steps"), ("faults", "clean")),
@@ -66,18 +88,35 @@ def synthetic_length_growth() -> tuple[list[dict[str, float]], list[dict[str, fl
     bad, good = [], []
     for s in range(100):
         p = s / 99
-        bad.append({"step": s, "rollout/length_mean": 1000 + 4000 * p ** 1.2, "actor/entropy": 0.6 + 0.5 * p,
-                    "rollout/accuracy": 0.30 + 0.005 * (s % 3)})
-        good.append({"step": s, "rollout/length_mean": 1000 + 800 * p, "actor/entropy": 0.62 - 0.02 * p,
-                     "rollout/accuracy": 0.30 + 0.15 * p})
+        bad.append(
+            {
+                "step": s,
+                "rollout/length_mean": 1000 + 4000 * p**1.2,
+                "actor/entropy": 0.6 + 0.5 * p,
+                "rollout/accuracy": 0.30 + 0.005 * (s % 3),
+            }
+        )
+        good.append(
+            {
+                "step": s,
+                "rollout/length_mean": 1000 + 800 * p,
+                "actor/entropy": 0.62 - 0.02 * p,
+                "rollout/accuracy": 0.30 + 0.15 * p,
+            }
+        )
     return bad, good
 
 
-def run_suite(results: dict[str, ExperimentResult] | None = None, seeds: int = 10, jobs: int | None = None) -> dict:
+def run_suite(
+    results: dict[str, ExperimentResult] | None = None, seeds: int = 10, jobs: int | None = None
+) -> dict:
     """Diagnose every run of the four experiments and the fault runs; return the matrix."""
-    needed = [REGISTRY[n] for n in ("entropy_collapse", "zero_gradient", "truncation_noise")
-              if results is None or n not in results]
-    fresh = run_experiments(needed + [FAULTS], seeds=seeds, jobs=jobs, confirm=False)  # counts, not intervals
+    needed = [
+        REGISTRY[n]
+        for n in ("entropy_collapse", "zero_gradient", "truncation_noise")
+        if results is None or n not in results
+    ]
+    fresh = run_experiments([*needed, FAULTS], seeds=seeds, jobs=jobs, confirm=False)  # counts, not intervals
     results = {**(results or {}), **{r.experiment.name: r for r in fresh}}
     horizon = {(c.failing[0], c.failing[1]): c.horizon for c in CASES}
     horizon.update({(c.fixed[0], c.fixed[1]): c.horizon for c in CASES})
@@ -89,15 +128,27 @@ def run_suite(results: dict[str, ExperimentResult] | None = None, seeds: int = 1
                     continue
                 log = log[: case.horizon] if case.horizon else log
                 findings = {f.rule: f for f in diagnose(log)}
-                rows.append({"case": case.rule, "role": role, "run": f"{exp}/{arm}/seed={seed}",
-                             "statuses": {r: f.status for r, f in findings.items()},
-                             "evidence": findings[case.rule].evidence})
+                rows.append(
+                    {
+                        "case": case.rule,
+                        "role": role,
+                        "run": f"{exp}/{arm}/seed={seed}",
+                        "statuses": {r: f.status for r, f in findings.items()},
+                        "evidence": findings[case.rule].evidence,
+                    }
+                )
     bad, good = synthetic_length_growth()
     for role, log in (("failing", bad), ("fixed", good)):
         findings = {f.rule: f for f in diagnose(log)}
-        rows.append({"case": "length_growth", "role": role, "run": f"synthetic/{role}",
-                     "statuses": {r: f.status for r, f in findings.items()},
-                     "evidence": findings["length_growth"].evidence})
+        rows.append(
+            {
+                "case": "length_growth",
+                "role": role,
+                "run": f"synthetic/{role}",
+                "statuses": {r: f.status for r, f in findings.items()},
+                "evidence": findings["length_growth"].evidence,
+            }
+        )
     return {"rows": rows, "matrix": confusion(rows)}
 
 
@@ -119,17 +170,26 @@ def write_report(suite: dict, out: Path, command: str, wall: float) -> Path:
     (out / "health_suite.json").write_text(json.dumps(suite, indent=2))
     notes = {c.rule: c.note for c in CASES}
     notes["length_growth"] = "no toy run shows it (toy policies shorten); synthetic Fig.-4-shaped logs"
-    lines = ["# dapo.health on runs with known failure modes", "", f"Command: `{command}` ({wall:.0f} s)", "",
-             "Per case: the matching rule's verdicts on runs that exhibit the failure and on runs with DAPO's "
-             "knob for it on (counts over seeds), and other rules that fired.", "",
-             "| rule | failure runs: matching rule | fixed runs: matching rule | other rules firing (failure / fixed) "
-             "| note |", "|---|---|---|---|---|"]
+    lines = [
+        "# dapo.health on runs with known failure modes",
+        "",
+        f"Command: `{command}` ({wall:.0f} s)",
+        "",
+        "Per case: the matching rule's verdicts on runs that exhibit the failure and on runs with DAPO's "
+        "knob for it on (counts over seeds), and other rules that fired.",
+        "",
+        "| rule | failure runs: matching rule | fixed runs: matching rule | other rules firing (failure / fixed) "
+        "| note |",
+        "|---|---|---|---|---|",
+    ]
     for rule in [r.name for r in RULES]:
         m = suite["matrix"].get(rule, {})
         fmt = lambda d: ", ".join(f"{k} {v}" for k, v in sorted(d.items())) or "-"  # noqa: E731
-        lines.append(f"| {rule} | {fmt(m.get('failing', {}))} | {fmt(m.get('fixed', {}))} | "
-                     f"{fmt(m.get('failing_other_rules_firing', {}))} / {fmt(m.get('fixed_other_rules_firing', {}))} "
-                     f"| {notes.get(rule, '')} |")
+        lines.append(
+            f"| {rule} | {fmt(m.get('failing', {}))} | {fmt(m.get('fixed', {}))} | "
+            f"{fmt(m.get('failing_other_rules_firing', {}))} / {fmt(m.get('fixed_other_rules_firing', {}))} "
+            f"| {notes.get(rule, '')} |"
+        )
     path = out / "README.md"
     path.write_text("\n".join(lines) + "\n")
     return path

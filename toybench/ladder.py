@@ -19,8 +19,8 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -32,20 +32,35 @@ from .stats import paired_interval
 TASK = "composite"
 STEPS = 150
 LR = 20.0
-TOY = dict(group_size=8, train_groups=16, mini_batch_groups=4, expected_len=12, cache_len=4, max_grad_norm=None,
-           max_gen_rounds=5)
+TOY = dict(
+    group_size=8,
+    train_groups=16,
+    mini_batch_groups=4,
+    expected_len=12,
+    cache_len=4,
+    max_grad_norm=None,
+    max_gen_rounds=5,
+)
 """The composite task's geometry (ceiling 16 tokens, soft ramp 12..16 above the 9-token
 answers the long prompts need); everything else comes from the preset or the switches."""
 
 RESPONSES: dict[str, Summary] = {
     "accuracy_final": Summary(final("toy/expected_accuracy"), "exact expected accuracy, last 10 steps"),
-    "accuracy_mean": Summary(mean_over_run("toy/expected_accuracy"), "exact expected accuracy averaged over the run"),
+    "accuracy_mean": Summary(
+        mean_over_run("toy/expected_accuracy"), "exact expected accuracy averaged over the run"
+    ),
     "entropy_final": Summary(final("actor/entropy"), "token entropy, last 10 steps"),
     "truncation_final": Summary(final("rollout/truncation_rate"), "truncation rate, last 10 steps"),
     "length_final": Summary(final("rollout/length_mean"), "mean response length, last 10 steps"),
-    "uniform_groups_final": Summary(final("rollout/groups_all_wrong"), "share of all-wrong groups, last 10 steps"),
-    "best_path_final": Summary(final("toy/best_path_prob"), "probability of the rare better path, last 10 steps"),
-    "responses_total": Summary(lambda log: log[-1]["cost/responses_total"], "responses generated over the run"),
+    "uniform_groups_final": Summary(
+        final("rollout/groups_all_wrong"), "share of all-wrong groups, last 10 steps"
+    ),
+    "best_path_final": Summary(
+        final("toy/best_path_prob"), "probability of the rare better path, last 10 steps"
+    ),
+    "responses_total": Summary(
+        lambda log: log[-1]["cost/responses_total"], "responses generated over the run"
+    ),
 }
 
 
@@ -64,11 +79,19 @@ dapo rung (``shaped``, the default)."""
 
 def ladder_experiment(steps: int = STEPS) -> Experiment:
     arms = {rung: Arm(toy_config(cfg), LR) for rung, cfg in PRESETS.items()}
-    arms.update({name: Arm(toy_config(PRESETS["dapo"].replace(**change)), LR) for name, change in VARIANTS.items()})
+    arms.update(
+        {name: Arm(toy_config(PRESETS["dapo"].replace(**change)), LR) for name, change in VARIANTS.items()}
+    )
     return Experiment(
-        name="ladder", title="Table-1 ladder on the composite toy", paper="Table 1 (cumulative)", task=TASK,
-        steps=steps, arms=arms,
-        summaries=RESPONSES, contrasts=(), curves=("toy/expected_accuracy", "actor/entropy", "rollout/truncation_rate"),
+        name="ladder",
+        title="Table-1 ladder on the composite toy",
+        paper="Table 1 (cumulative)",
+        task=TASK,
+        steps=steps,
+        arms=arms,
+        summaries=RESPONSES,
+        contrasts=(),
+        curves=("toy/expected_accuracy", "actor/entropy", "rollout/truncation_rate"),
     )
 
 
@@ -81,11 +104,20 @@ def factorial_experiment(steps: int = STEPS) -> Experiment:
     for mask in itertools.product([False, True], repeat=len(SWITCHES)):
         on = [s for s, m in zip(SWITCHES, mask) if m]
         arms[cell_name(on)] = Arm(toy_config(with_switches(on)), LR)
-    return Experiment(name="factorial", title="2^5 factorial on the composite toy", paper="Table 1 (decomposed)",
-                      task=TASK, steps=steps, arms=arms, summaries=RESPONSES, contrasts=())
+    return Experiment(
+        name="factorial",
+        title="2^5 factorial on the composite toy",
+        paper="Table 1 (decomposed)",
+        task=TASK,
+        steps=steps,
+        arms=arms,
+        summaries=RESPONSES,
+        contrasts=(),
+    )
 
 
 # ---- analysis ---------------------------------------------------------------------------------
+
 
 @dataclass
 class Effect:
@@ -95,7 +127,9 @@ class Effect:
     high: float
 
 
-def _bootstrap(stat: Callable[[np.ndarray], float], table: np.ndarray, seed: int = 0, n: int = 2000) -> tuple[float, float]:
+def _bootstrap(
+    stat: Callable[[np.ndarray], float], table: np.ndarray, seed: int = 0, n: int = 2000
+) -> tuple[float, float]:
     """Percentile interval of ``stat(table[:, resampled seeds])`` (seeds are the columns)."""
     rng = np.random.default_rng(seed)
     k = table.shape[1]
@@ -112,8 +146,9 @@ def _design() -> tuple[list[str], np.ndarray]:
     return names, np.array(rows)
 
 
-def factorial_effects(values: dict[str, list[float]], columns: Sequence[int] | None = None
-                      ) -> dict[str, list[Effect]]:
+def factorial_effects(
+    values: dict[str, list[float]], columns: Sequence[int] | None = None
+) -> dict[str, list[Effect]]:
     """Main effects and two-way interactions (difference of means between the +1 and -1
     halves of the design, +-1 coding) with bootstrap intervals over seeds (``columns``:
     the positions of one seed block; default all)."""
@@ -170,14 +205,20 @@ def shapley(values: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     res = {}
     for s in switches:
         lo, hi = np.percentile(boot[s], [2.5, 97.5])
-        res[s] = {"shapley": float(np.mean(base[s])), "low": float(lo), "high": float(hi),
-                  "min_over_orders": float(np.min(base[s])), "max_over_orders": float(np.max(base[s])),
-                  "paper_order": float(base[s][paper_order_index])}
+        res[s] = {
+            "shapley": float(np.mean(base[s])),
+            "low": float(lo),
+            "high": float(hi),
+            "min_over_orders": float(np.min(base[s])),
+            "max_over_orders": float(np.max(base[s])),
+            "paper_order": float(base[s][paper_order_index]),
+        }
     return res
 
 
-def ladder_steps(values: dict[str, list[float]], seeds: list[int], blocks: dict[str, list[int]]
-                 ) -> list[dict[str, float | str]]:
+def ladder_steps(
+    values: dict[str, list[float]], seeds: list[int], blocks: dict[str, list[int]]
+) -> list[dict[str, float | str]]:
     """Per rung: mean with a 95% interval (all seeds), and the paired step from the rung
     before on each seed block (``step_<block>``, ``low_<block>``, ``high_<block>``) with
     ``holds``: ``yes`` when every block's interval excludes zero on the same side,
@@ -212,11 +253,25 @@ def timed(fn: Callable, *args, **kwargs):
     return res, time.perf_counter() - t0
 
 
-def run(kind: str, seeds: int, jobs: int | None = None, steps: int = STEPS, seed_start: int = 0,
-        confirm: bool = True, progress: bool = True):
+def run(
+    kind: str,
+    seeds: int,
+    jobs: int | None = None,
+    steps: int = STEPS,
+    seed_start: int = 0,
+    confirm: bool = True,
+    progress: bool = True,
+):
     exp = ladder_experiment(steps) if kind == "ladder" else factorial_experiment(steps)
-    (result,), wall = timed(run_experiments, [exp], seeds=seeds, jobs=jobs, seed_start=seed_start, confirm=confirm,
-                            progress=progress)
+    (result,), wall = timed(
+        run_experiments,
+        [exp],
+        seeds=seeds,
+        jobs=jobs,
+        seed_start=seed_start,
+        confirm=confirm,
+        progress=progress,
+    )
     return result, wall
 
 

@@ -39,23 +39,48 @@ def summary_dict(result: ExperimentResult) -> dict[str, Any]:
         "horizon_steps": e.steps,
         "seeds": result.seeds,
         "blocks": result.blocks,
-        "arms": {name: {"lr": a.lr, "task": a.task or e.task, "task_kwargs": a.task_kwargs, "config": a.cfg.to_dict()}
-                 for name, a in e.arms.items()},
+        "arms": {
+            name: {
+                "lr": a.lr,
+                "task": a.task or e.task,
+                "task_kwargs": a.task_kwargs,
+                "config": a.cfg.to_dict(),
+            }
+            for name, a in e.arms.items()
+        },
         "summaries": {
-            name: {"description": e.summaries[name].description,
-                   "per_arm": {arm: {"mean": _clean(_mean(v)), "per_seed": [_clean(x) for x in v]}
-                               for arm, v in per_arm.items()}}
+            name: {
+                "description": e.summaries[name].description,
+                "per_arm": {
+                    arm: {"mean": _clean(_mean(v)), "per_seed": [_clean(x) for x in v]}
+                    for arm, v in per_arm.items()
+                },
+            }
             for name, per_arm in result.summaries.items()
         },
         "contrasts": [
-            {"name": c.contrast.name, "role": c.contrast.role, "a": c.contrast.a, "b": c.contrast.b,
-             "summary": c.contrast.summary, "summary_b": c.contrast.summary_b, "expect": c.contrast.expect,
-             "verdict": c.verdict,
-             "blocks": {name: {"seeds": result.blocks[name], "mean_diff": _clean(b.interval.mean),
-                               "ci95": [_clean(b.interval.low), _clean(b.interval.high)], "n": b.interval.n,
-                               "verdict": b.verdict, "per_seed_diff": [_clean(x) for x in b.per_seed]}
-                        for name, b in c.blocks.items()},
-             "note": c.contrast.note}
+            {
+                "name": c.contrast.name,
+                "role": c.contrast.role,
+                "a": c.contrast.a,
+                "b": c.contrast.b,
+                "summary": c.contrast.summary,
+                "summary_b": c.contrast.summary_b,
+                "expect": c.contrast.expect,
+                "verdict": c.verdict,
+                "blocks": {
+                    name: {
+                        "seeds": result.blocks[name],
+                        "mean_diff": _clean(b.interval.mean),
+                        "ci95": [_clean(b.interval.low), _clean(b.interval.high)],
+                        "n": b.interval.n,
+                        "verdict": b.verdict,
+                        "per_seed_diff": [_clean(x) for x in b.per_seed],
+                    }
+                    for name, b in c.blocks.items()
+                },
+                "note": c.contrast.note,
+            }
             for c in result.contrasts
         ],
         "verdict": result.primary.verdict,
@@ -96,8 +121,10 @@ def format_table(results: list[ExperimentResult]) -> str:
     lines.append("\n== verdicts (primary contrasts; reproduced = on every seed block)")
     for r in results:
         p = r.primary
-        ivs = "; ".join(f"{n} {b.interval.mean:+.3f} [{b.interval.low:+.3f}, {b.interval.high:+.3f}]"
-                        for n, b in p.blocks.items())
+        ivs = "; ".join(
+            f"{n} {b.interval.mean:+.3f} [{b.interval.low:+.3f}, {b.interval.high:+.3f}]"
+            for n, b in p.blocks.items()
+        )
         lines.append(f"   {r.experiment.name:<18} {p.verdict:<15} {p.contrast.name} ({ivs})")
     return "\n".join(lines)
 
@@ -114,7 +141,9 @@ def write_all(results: list[ExperimentResult], out: Path, wall_seconds: float) -
     total = {
         "wall_seconds": round(wall_seconds, 2),
         "sampled_tokens": sum(s["sampled_tokens"] for s in summaries),
-        "experiments": {s["experiment"]: {"verdict": s["verdict"], "contrasts": s["contrasts"]} for s in summaries},
+        "experiments": {
+            s["experiment"]: {"verdict": s["verdict"], "contrasts": s["contrasts"]} for s in summaries
+        },
     }
     (out / "summary.json").write_text(json.dumps(total, indent=2))
     return total

@@ -34,7 +34,9 @@ def plot_experiment(result: ExperimentResult, path: Path) -> Path:
             for m in log:
                 for curve, metric, x in curves:
                     if metric in m:
-                        rows.append({"arm": arm, "seed": seed, "x": m[x], "metric": curve, "value": m[metric]})
+                        rows.append(
+                            {"arm": arm, "seed": seed, "x": m[x], "metric": curve, "value": m[metric]}
+                        )
     df = pd.DataFrame(rows)
     fig, axes = plt.subplots(1, len(e.curves), figsize=(4.2 * len(e.curves), 3.4), squeeze=False)
     for ax, (curve, metric, x) in zip(axes[0], curves):

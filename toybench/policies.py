@@ -114,8 +114,9 @@ class TabularPolicy(ToyPolicy):
         return exact_accuracy(self.table, self.task)
 
 
-def table_logp_entropy(table: Tensor, prompts: Tensor, tokens: Tensor, run: Tensor | None = None,
-                       entropy: bool = True) -> tuple[Tensor, Tensor | None]:
+def table_logp_entropy(
+    table: Tensor, prompts: Tensor, tokens: Tensor, run: Tensor | None = None, entropy: bool = True
+) -> tuple[Tensor, Tensor | None]:
     """Log-prob of each token and entropy of its state's distribution, [..., T], for
     responses ``tokens`` [..., T] to ``prompts`` [...] under ``table``; with ``run``
     ([...]) the table has a leading run dimension and row i reads ``table[run[i]]``.
@@ -145,8 +146,14 @@ def table_cdf(table: Tensor) -> Tensor:
     return torch.softmax(table.movedim(-1, 0), dim=0).cumsum(0).movedim(0, -1).contiguous()
 
 
-def sample_table(cdf: Tensor, prompts: Tensor, u_first: Tensor | None, u_rest: Tensor,
-                 first: Tensor | None = None, run: Tensor | None = None) -> Tensor:
+def sample_table(
+    cdf: Tensor,
+    prompts: Tensor,
+    u_first: Tensor | None,
+    u_rest: Tensor,
+    first: Tensor | None = None,
+    run: Tensor | None = None,
+) -> Tensor:
     """[b, T] tokens by inverse CDF: token = #{k : u > cdf_k}, exact up to the float64
     rounding of the CDF. ``prompts`` [b]; ``u_first`` [b] (or ``first`` forced), ``u_rest``
     [b, T - 1]; with ``run`` [b], ``cdf`` has a leading run dimension."""
@@ -163,6 +170,7 @@ def sample_table(cdf: Tensor, prompts: Tensor, u_first: Tensor | None, u_rest: T
 
 # Closed forms of a softmax table W[..., prompt, position, path, token]; leading dimensions
 # index independent runs (the batched engine holds one table per seed).
+
 
 def end_distribution(table: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """First-token probs [..., P, K], P(EOS at position t | path) [..., P, K, T-1] for

@@ -14,8 +14,16 @@ class Progress:
     ``enabled`` is False, and only on a terminal unless ``force`` (logs and CI output stay
     clean). Redraws at most every 0.1 s."""
 
-    def __init__(self, total: int, label: str, *, enabled: bool = True, delay: float = 2.0,
-                 stream: TextIO | None = None, force: bool = False):
+    def __init__(
+        self,
+        total: int,
+        label: str,
+        *,
+        enabled: bool = True,
+        delay: float = 2.0,
+        stream: TextIO | None = None,
+        force: bool = False,
+    ):
         self.total = max(1, total)
         self.label = label
         self.stream = stream or sys.stderr

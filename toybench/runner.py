@@ -57,8 +57,9 @@ def make_policy(spec: RunSpec, task: TokenTask, generator: torch.Generator) -> T
     raise ValueError(f"unknown policy {spec.policy!r}; known: {sorted(POLICIES)}")
 
 
-def rollout_round(policy: ToyPolicy, task: TokenTask, cfg: AlgoConfig, n_groups: int,
-                  generator: torch.Generator) -> RolloutBatch:
+def rollout_round(
+    policy: ToyPolicy, task: TokenTask, cfg: AlgoConfig, n_groups: int, generator: torch.Generator
+) -> RolloutBatch:
     """Sample ``n_groups`` prompts (uniformly, with replacement) x G responses each."""
     g = cfg.group_size
     prompts = torch.randint(task.num_prompts, (n_groups,), generator=generator).repeat_interleave(g)
@@ -95,9 +96,16 @@ never changes a run. Metrics: ``toy/gen_time_<tail>`` per step (all rounds) and
 
 def round_times(lengths: torch.Tensor, seeds: list[int], step: int, rnd: int) -> dict[str, torch.Tensor]:
     """Simulated time of one round per run: ``lengths`` [n, b] (run i with ``seeds[i]``)."""
-    z = torch.stack([torch.randn(lengths.shape[1], dtype=torch.float64,
-                                 generator=torch.Generator().manual_seed((s * 1_000_003 + step) * 1_009 + rnd + 77))
-                     for s in seeds])
+    z = torch.stack(
+        [
+            torch.randn(
+                lengths.shape[1],
+                dtype=torch.float64,
+                generator=torch.Generator().manual_seed((s * 1_000_003 + step) * 1_009 + rnd + 77),
+            )
+            for s in seeds
+        ]
+    )
     length = lengths.to(torch.float64)
     return {name: (length * torch.exp(sigma * z)).amax(1) for name, sigma in SIM_TAILS.items()}
 
@@ -128,7 +136,7 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
         return (logp * float("nan") if step in spec.nan_steps else logp), ent
 
     log: list[dict[str, float]] = []
-    totals = {"responses": 0.0, "tokens": 0.0, "opt_steps": 0.0, **{name: 0.0 for name in SIM_TAILS}}
+    totals = {"responses": 0.0, "tokens": 0.0, "opt_steps": 0.0, **dict.fromkeys(SIM_TAILS, 0.0)}
     for step in range(spec.steps):
         sampler = DynamicSampler.for_config(cfg)
         truncated = on_track = 0
@@ -147,10 +155,15 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
             warnings.simplefilter("ignore", SamplingWarning)
             batch = sampler.take()
         if batch is not None and spec.engine_noise > 0:
-            noisy = batch.old_logp + spec.engine_noise * torch.randn(batch.old_logp.shape, generator=gen,
-                                                                     dtype=batch.old_logp.dtype)
-            batch = RolloutBatch(**{**batch.__dict__, "rollout_logp": torch.where(
-                batch.mask, noisy.clamp(max=0.0), torch.zeros_like(noisy))})
+            noisy = batch.old_logp + spec.engine_noise * torch.randn(
+                batch.old_logp.shape, generator=gen, dtype=batch.old_logp.dtype
+            )
+            batch = RolloutBatch(
+                **{
+                    **batch.__dict__,
+                    "rollout_logp": torch.where(batch.mask, noisy.clamp(max=0.0), torch.zeros_like(noisy)),
+                }
+            )
         m.update(sampler.metrics())
         m.update(update(batch, logp_fn, optimizer, cfg))
         totals["responses"] += m["sampling/generated_groups"] * cfg.group_size
@@ -175,7 +188,9 @@ def _long_prompts(task: TokenTask) -> torch.Tensor:
     return need * 2 >= task.max_len
 
 
-def _policy_metrics(policy: ToyPolicy, prompts: torch.Tensor, best: torch.Tensor, step: int) -> dict[str, float]:
+def _policy_metrics(
+    policy: ToyPolicy, prompts: torch.Tensor, best: torch.Tensor, step: int
+) -> dict[str, float]:
     """Properties of the policy *before* this step's update: exact for the tabular policy,
     Monte Carlo estimates (``MC_SAMPLES`` per prompt, a fixed generator per step) otherwise."""
     task = policy.task
@@ -199,7 +214,9 @@ def _policy_metrics(policy: ToyPolicy, prompts: torch.Tensor, best: torch.Tensor
 MC_SAMPLES = 32
 
 
-def _monte_carlo(policy: ToyPolicy, task: TokenTask, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _monte_carlo(
+    policy: ToyPolicy, task: TokenTask, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Accuracy per prompt [P] and length per (prompt, path) [P, K] by sampling."""
     p, k, n = task.num_prompts, task.num_paths, MC_SAMPLES
     prompts = torch.arange(p).repeat_interleave(n)

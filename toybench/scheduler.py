@@ -17,8 +17,8 @@ import os
 import queue
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from .progress import Progress
 from .runner import RunSpec, train
@@ -111,8 +111,9 @@ def _worker(jobs: list[Job], cursor, counter, results, parent: int) -> None:
             return
 
 
-def execute(jobs: list[Job], workers: int = 1, label: str = "toy runs", show_progress: bool = True
-            ) -> list[tuple[list[tuple[RunId, Log]], float]]:
+def execute(
+    jobs: list[Job], workers: int = 1, label: str = "toy runs", show_progress: bool = True
+) -> list[tuple[list[tuple[RunId, Log]], float]]:
     """Run ``jobs`` on ``workers`` processes (this one included); results in job order."""
     import torch
 
@@ -135,8 +136,10 @@ def execute(jobs: list[Job], workers: int = 1, label: str = "toy runs", show_pro
             return [done[i] for i in range(len(jobs))]
         ctx = mp.get_context("spawn")
         cursor, counter, results = ctx.Value("i", 0), ctx.Value("q", 0), ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(jobs, cursor, counter, results, os.getpid()), daemon=True)
-                 for _ in range(min(workers, len(jobs)) - 1)]
+        procs = [
+            ctx.Process(target=_worker, args=(jobs, cursor, counter, results, os.getpid()), daemon=True)
+            for _ in range(min(workers, len(jobs)) - 1)
+        ]
         for p in procs:
             p.start()
 
@@ -162,8 +165,9 @@ def execute(jobs: list[Job], workers: int = 1, label: str = "toy runs", show_pro
                 bar.update(counter.value)
                 if len(done) < len(jobs) and not any(p.is_alive() for p in procs) and results.empty():
                     codes = [p.exitcode for p in procs]
-                    raise RuntimeError(f"toy workers exited (codes {codes}) with {len(jobs) - len(done)} job(s) "
-                                       "unfinished")
+                    raise RuntimeError(
+                        f"toy workers exited (codes {codes}) with {len(jobs) - len(done)} job(s) unfinished"
+                    )
         finally:
             for p in procs:
                 if p.is_alive() and len(done) < len(jobs):

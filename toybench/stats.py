@@ -25,7 +25,7 @@ class Interval:
         return self.low > 0 or self.high < 0
 
 
-def paired_interval(diffs: "list[float] | np.ndarray", confidence: float = 0.95) -> Interval:
+def paired_interval(diffs: list[float] | np.ndarray, confidence: float = 0.95) -> Interval:
     """Bootstrap (BCa, fixed seed) interval of the mean paired difference.
 
     NaN differences (a metric undefined for that seed) are dropped and the count reported.
@@ -48,13 +48,22 @@ def paired_interval(diffs: "list[float] | np.ndarray", confidence: float = 0.95)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         res = stats.bootstrap(
-            (d,), np.mean, confidence_level=confidence, n_resamples=BOOTSTRAP_RESAMPLES,
-            method="BCa", random_state=np.random.default_rng(BOOTSTRAP_SEED),
+            (d,),
+            np.mean,
+            confidence_level=confidence,
+            n_resamples=BOOTSTRAP_RESAMPLES,
+            method="BCa",
+            random_state=np.random.default_rng(BOOTSTRAP_SEED),
         )
     lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
     if not (math.isfinite(lo) and math.isfinite(hi)):  # BCa can fail on near-degenerate data
-        lo, hi = (float(x) for x in np.percentile(
-            np.random.default_rng(BOOTSTRAP_SEED).choice(d, (BOOTSTRAP_RESAMPLES, d.size)).mean(1), [2.5, 97.5]))
+        lo, hi = (
+            float(x)
+            for x in np.percentile(
+                np.random.default_rng(BOOTSTRAP_SEED).choice(d, (BOOTSTRAP_RESAMPLES, d.size)).mean(1),
+                [2.5, 97.5],
+            )
+        )
     return Interval(mean, lo, hi, int(d.size))
 
 

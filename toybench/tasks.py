@@ -88,12 +88,16 @@ def episode_end(tokens: Tensor, max_len: int) -> tuple[Tensor, Tensor]:
     tokens = tokens[:, :max_len]
     is_eos = tokens == EOS
     has_eos = is_eos.any(1)
-    first = torch.where(has_eos, is_eos.float().argmax(1), torch.full_like(has_eos, max_len, dtype=torch.long))
+    first = torch.where(
+        has_eos, is_eos.float().argmax(1), torch.full_like(has_eos, max_len, dtype=torch.long)
+    )
     lengths = torch.where(has_eos, first + 1, torch.full_like(first, max_len))
     return lengths, ~has_eos
 
 
-def verify(task: TokenTask, prompts: Tensor, tokens: Tensor, lengths: Tensor, truncated: Tensor, u: Tensor) -> Outcome:
+def verify(
+    task: TokenTask, prompts: Tensor, tokens: Tensor, lengths: Tensor, truncated: Tensor, u: Tensor
+) -> Outcome:
     """Is each response correct? ``u`` [B] in [0, 1) is the verification noise (correct
     needs ``u < quality``); draw it once per episode."""
     path = tokens[:, 0].clone()
@@ -161,8 +165,12 @@ def zero_grad_task() -> TokenTask:
     )
 
 
-def length_task(q_right: float = 1.0, q_wrong: float = 0.0, prior_right: tuple[float, float] = (-1.0, 0.5),
-                prior_stop: float = -0.7) -> TokenTask:
+def length_task(
+    q_right: float = 1.0,
+    q_wrong: float = 0.0,
+    prior_right: tuple[float, float] = (-1.0, 0.5),
+    prior_stop: float = -0.7,
+) -> TokenTask:
     """Failure mode 3 (length bias of sample-level loss). 8 prompts, 4 paths; on each prompt
     one path is right (success ``q_right``) and three are wrong (``q_wrong``), the right
     one starting at a prior probability between ~10% and ~35%. The reward never depends on

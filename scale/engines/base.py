@@ -3,8 +3,9 @@ response token ids, the engine's per-token log-probs, finish reasons."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Protocol
 
 from torch import Tensor
 
@@ -24,8 +25,16 @@ class Generation:
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: list[list[int]], n: int, *, max_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int = 0) -> list[list[Generation]]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        *,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> list[list[Generation]]:
         """``n`` samples for each prompt, in prompt order."""
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
@@ -47,7 +56,9 @@ def check_generations(out: list[list[Generation]], n_prompts: int, n: int, max_t
             raise EngineError(f"prompt {i}: engine returned {len(gens)} samples, expected {n}")
         for g in gens:
             if len(g.token_ids) != len(g.logprobs) or not g.token_ids or len(g.token_ids) > max_tokens:
-                raise EngineError(f"prompt {i}: malformed sample ({len(g.token_ids)} tokens, "
-                                  f"{len(g.logprobs)} log-probs, max_tokens={max_tokens})")
+                raise EngineError(
+                    f"prompt {i}: malformed sample ({len(g.token_ids)} tokens, "
+                    f"{len(g.logprobs)} log-probs, max_tokens={max_tokens})"
+                )
             if g.finish_reason not in ("stop", "length"):
                 raise EngineError(f"prompt {i}: unexpected finish reason {g.finish_reason!r}")

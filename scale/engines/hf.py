@@ -3,7 +3,7 @@ the trainer's own module, so no weight sync is needed."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor
@@ -19,8 +19,16 @@ class HFEngine:
         self.batch_prompts = batch_prompts
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int, *, max_tokens: int, temperature: float = 1.0,
-                 top_p: float = 1.0, seed: int = 0) -> list[list[Generation]]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        *,
+        max_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> list[list[Generation]]:
         out: list[list[Generation]] = []
         device = next(self.model.parameters()).device
         was_training = self.model.training
@@ -28,7 +36,11 @@ class HFEngine:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
             for s in range(0, len(prompts), self.batch_prompts):
-                out.extend(self._batch(prompts[s : s + self.batch_prompts], n, max_tokens, temperature, top_p, device))
+                out.extend(
+                    self._batch(
+                        prompts[s : s + self.batch_prompts], n, max_tokens, temperature, top_p, device
+                    )
+                )
         self.model.train(was_training)
         check_generations(out, len(prompts), n, max_tokens)
         return out
@@ -41,9 +53,18 @@ class HFEngine:
             ids[i, p_max - len(p) :] = torch.tensor(p)
             attn[i, p_max - len(p) :] = 1
         res = self.model.generate(
-            input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=True, temperature=temperature,
-            top_p=top_p, top_k=0, max_new_tokens=max_tokens, num_return_sequences=n, eos_token_id=self.eos_id,
-            pad_token_id=self.pad_id, output_logits=True, return_dict_in_generate=True,
+            input_ids=ids.to(device),
+            attention_mask=attn.to(device),
+            do_sample=True,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,
+            max_new_tokens=max_tokens,
+            num_return_sequences=n,
+            eos_token_id=self.eos_id,
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
         )
         seqs = res.sequences[:, p_max:].cpu()
         logp = torch.stack([torch.log_softmax(x.float(), -1) for x in res.logits], dim=1).cpu()  # raw, T = 1
@@ -53,7 +74,9 @@ class HFEngine:
             toks = seqs[row].tolist()
             stop = toks.index(self.eos_id) + 1 if self.eos_id in toks else None
             length = stop if stop is not None else min(len(toks), max_tokens)
-            gens.append(Generation(toks[:length], tok_logp[row, :length].tolist(), "stop" if stop else "length"))
+            gens.append(
+                Generation(toks[:length], tok_logp[row, :length].tolist(), "stop" if stop else "length")
+            )
         return [gens[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:

@@ -20,14 +20,22 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomllib
+
 HERE = Path(__file__).resolve().parent
 GROUPS = {
-    "objective": ("dapo.advantages", "dapo.loss", "dapo.rewards", "dapo.sampling", "dapo.update", "dapo.logprobs"),
+    "objective": (
+        "dapo.advantages",
+        "dapo.loss",
+        "dapo.rewards",
+        "dapo.sampling",
+        "dapo.update",
+        "dapo.logprobs",
+    ),
     "toy verdict path": ("toybench.stats", "toybench.tasks", "toybench.runner"),
 }
 GOAL = 0.90
@@ -79,8 +87,12 @@ def explain(mutants: list[Mutant], rules: list[dict]) -> Counter:
     used: Counter = Counter()
     for m in mutants:
         for i, rule in enumerate(rules):
-            if (m.module == rule["module"] and m.function.startswith(rule.get("function", ""))
-                    and re.search(rule["added"], m.added) and re.search(rule.get("removed", ""), m.removed)):
+            if (
+                m.module == rule["module"]
+                and m.function.startswith(rule.get("function", ""))
+                and re.search(rule["added"], m.added)
+                and re.search(rule.get("removed", ""), m.removed)
+            ):
                 m.why = rule["why"]
                 used[i] += 1
                 break
@@ -99,8 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     unchecked = [m for m in mutants if m.status == "not checked"]
     if unchecked:  # a partial run (e.g. `mutmut run "dapo.loss*"`): no score to report
-        print(f"mutation report: {len(unchecked)} of {len(mutants)} mutants not checked; run `mutmut run` "
-              "over all of them first", file=sys.stderr)
+        print(
+            f"mutation report: {len(unchecked)} of {len(mutants)} mutants not checked; run `mutmut run` "
+            "over all of them first",
+            file=sys.stderr,
+        )
         return 2
     alive = [m for m in mutants if m.status not in DETECTED]
     timeouts = [m for m in mutants if m.status == "timeout"]
@@ -108,12 +123,17 @@ def main(argv: list[str] | None = None) -> int:
         _diff(m)
     used = explain(alive, rules)
     ok = True
-    lines = ["# Mutation report", "",
-             "Produced by `nox -s mutation` (mutmut over the modules below, core and toy test subsets; "
-             "configuration in `pyproject.toml` `[tool.mutmut]`). A mutant is *killed* when some test fails "
-             "on it (or hangs, which counts as detected). Every survivor is listed with the rule that explains it "
-             "(`tests/mutation/explained.toml`).",
-             "", "| group | mutants | killed | survived | no test | score | goal |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Mutation report",
+        "",
+        "Produced by `nox -s mutation` (mutmut over the modules below, core and toy test subsets; "
+        "configuration in `pyproject.toml` `[tool.mutmut]`). A mutant is *killed* when some test fails "
+        "on it (or hangs, which counts as detected). Every survivor is listed with the rule that explains it "
+        "(`tests/mutation/explained.toml`).",
+        "",
+        "| group | mutants | killed | survived | no test | score | goal |",
+        "|---|---|---|---|---|---|---|",
+    ]
     summary = {}
     for group, mods in GROUPS.items():
         ms = [m for m in mutants if m.module in mods]
@@ -121,14 +141,25 @@ def main(argv: list[str] | None = None) -> int:
         score = killed / len(ms) if ms else float("nan")
         survived = sum(m.status == "survived" for m in ms)
         no_test = sum(m.status == "no tests" for m in ms)
-        summary[group] = {"mutants": len(ms), "killed": killed, "survived": survived, "no_tests": no_test,
-                          "score": round(score, 4)}
-        lines.append(f"| {group} | {len(ms)} | {killed} | {survived} | {no_test} | {score:.1%} | {GOAL:.0%} |")
+        summary[group] = {
+            "mutants": len(ms),
+            "killed": killed,
+            "survived": survived,
+            "no_tests": no_test,
+            "score": round(score, 4),
+        }
+        lines.append(
+            f"| {group} | {len(ms)} | {killed} | {survived} | {no_test} | {score:.1%} | {GOAL:.0%} |"
+        )
         ok &= score >= GOAL
     unexplained = [m for m in alive if not m.why]
     stale = [r for i, r in enumerate(rules) if not used[i]]
-    lines += ["", f"Unexplained survivors: {len(unexplained)}. Stale rules (matching nothing): {len(stale)}. "
-              f"Timeouts (detected): {', '.join(f'`{m.module}.{m.function}`' for m in timeouts) or 'none'}.", ""]
+    lines += [
+        "",
+        f"Unexplained survivors: {len(unexplained)}. Stale rules (matching nothing): {len(stale)}. "
+        f"Timeouts (detected): {', '.join(f'`{m.module}.{m.function}`' for m in timeouts) or 'none'}.",
+        "",
+    ]
     by_why: dict[str, list[Mutant]] = {}
     for m in alive:
         by_why.setdefault(m.why or "UNEXPLAINED", []).append(m)
@@ -139,15 +170,35 @@ def main(argv: list[str] | None = None) -> int:
         lines.append("")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "REPORT.md").write_text("\n".join(lines))
-    (args.out / "mutants.json").write_text(json.dumps({
-        "summary": summary, "goal": GOAL,
-        "not_killed": [{"name": m.name, "status": m.status, "removed": m.removed, "added": m.added,
-                        "why": m.why or None} for m in alive],
-        "stale_rules": stale}, indent=1) + "\n")
+    (args.out / "mutants.json").write_text(
+        json.dumps(
+            {
+                "summary": summary,
+                "goal": GOAL,
+                "not_killed": [
+                    {
+                        "name": m.name,
+                        "status": m.status,
+                        "removed": m.removed,
+                        "added": m.added,
+                        "why": m.why or None,
+                    }
+                    for m in alive
+                ],
+                "stale_rules": stale,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     for group, s in summary.items():
-        print(f"{group}: {s['killed']}/{s['mutants']} killed ({s['score']:.1%}), {s['survived']} survived, "
-              f"{s['no_tests']} without a test")
-    print(f"unexplained survivors: {len(unexplained)}; stale rules: {len(stale)}; report: {args.out / 'REPORT.md'}")
+        print(
+            f"{group}: {s['killed']}/{s['mutants']} killed ({s['score']:.1%}), {s['survived']} survived, "
+            f"{s['no_tests']} without a test"
+        )
+    print(
+        f"unexplained survivors: {len(unexplained)}; stale rules: {len(stale)}; report: {args.out / 'REPORT.md'}"
+    )
     for m in unexplained:
         print(f"  UNEXPLAINED {m.name}: {m.removed!r} -> {m.added!r}")
     return 0 if ok and not unexplained else 1

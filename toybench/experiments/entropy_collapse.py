@@ -21,9 +21,19 @@ from dapo import AlgoConfig
 from ..experiment import Arm, Contrast, Experiment, Summary, change, final, mean_over_run
 
 BASE = AlgoConfig(
-    group_size=8, train_groups=16, mini_batch_groups=16, ppo_epochs=4, eps_low=0.2, eps_high=0.2,
-    loss_agg="token-mean", overlong_filter=False, soft_overlong=False, dynamic_sampling=False,
-    expected_len=6, cache_len=2, max_grad_norm=None,
+    group_size=8,
+    train_groups=16,
+    mini_batch_groups=16,
+    ppo_epochs=4,
+    eps_low=0.2,
+    eps_high=0.2,
+    loss_agg="token-mean",
+    overlong_filter=False,
+    soft_overlong=False,
+    dynamic_sampling=False,
+    expected_len=6,
+    cache_len=2,
+    max_grad_norm=None,
 )
 LR = 50.0
 
@@ -44,23 +54,52 @@ EXPERIMENT = Experiment(
     summaries={
         "entropy_final": Summary(final("actor/entropy"), "mean token entropy over the last 10 steps"),
         "entropy_change": Summary(change("actor/entropy"), "entropy change, last 10 minus first 10 steps"),
-        "best_path_prob": Summary(final("toy/best_path_prob"), "probability of the rare better path, last 10 steps"),
-        "upclip_old_prob": Summary(mean_over_run("actor/upclip_old_prob"), "mean old probability of up-clipped tokens"),
+        "best_path_prob": Summary(
+            final("toy/best_path_prob"), "probability of the rare better path, last 10 steps"
+        ),
+        "upclip_old_prob": Summary(
+            mean_over_run("actor/upclip_old_prob"), "mean old probability of up-clipped tokens"
+        ),
         "mean_prob": Summary(mean_over_run("actor/mean_prob"), "mean probability of sampled tokens"),
         "clipfrac_upper": Summary(mean_over_run("actor/clipfrac_upper"), "fraction of tokens up-clipped"),
         "accuracy_final": Summary(final("toy/expected_accuracy"), "exact expected accuracy, last 10 steps"),
     },
     contrasts=(
         Contrast("Clip-Higher keeps entropy up", "symmetric", "clip_higher", "entropy_final", "+"),
-        Contrast("Clip-Higher finds the rare better path more", "symmetric", "clip_higher", "best_path_prob", "+",
-                 role="secondary"),
-        Contrast("up-clipped tokens have low probability (Fig. 3a)", "symmetric", "symmetric", "mean_prob", "-",
-                 role="secondary", summary_b="upclip_old_prob",
-                 note="b - a = mean old prob of up-clipped tokens - mean prob of all sampled tokens"),
-        Contrast("control: one update per rollout, clip cannot act", "symmetric_1upd", "clip_higher_1upd",
-                 "entropy_final", "0", role="control"),
-        Contrast("boundary: paper's geometry (4 mini-batches x 1 epoch) on this small task", "symmetric_minibatch",
-                 "clip_higher_minibatch", "entropy_final", "?", role="secondary"),
+        Contrast(
+            "Clip-Higher finds the rare better path more",
+            "symmetric",
+            "clip_higher",
+            "best_path_prob",
+            "+",
+            role="secondary",
+        ),
+        Contrast(
+            "up-clipped tokens have low probability (Fig. 3a)",
+            "symmetric",
+            "symmetric",
+            "mean_prob",
+            "-",
+            role="secondary",
+            summary_b="upclip_old_prob",
+            note="b - a = mean old prob of up-clipped tokens - mean prob of all sampled tokens",
+        ),
+        Contrast(
+            "control: one update per rollout, clip cannot act",
+            "symmetric_1upd",
+            "clip_higher_1upd",
+            "entropy_final",
+            "0",
+            role="control",
+        ),
+        Contrast(
+            "boundary: paper's geometry (4 mini-batches x 1 epoch) on this small task",
+            "symmetric_minibatch",
+            "clip_higher_minibatch",
+            "entropy_final",
+            "?",
+            role="secondary",
+        ),
     ),
     curves=("actor/entropy", "toy/best_path_prob", "actor/clipfrac_upper"),
 )

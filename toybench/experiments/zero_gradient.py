@@ -18,12 +18,33 @@ generation rounds, so which arm wins on the clock depends on ``rho``: with train
 
 from dapo import AlgoConfig
 
-from ..experiment import Arm, Contrast, Experiment, Summary, at_budget, change, final, first_reaching, mean_over_run
+from ..experiment import (
+    Arm,
+    Contrast,
+    Experiment,
+    Summary,
+    at_budget,
+    change,
+    final,
+    first_reaching,
+    mean_over_run,
+)
 
 BASE = AlgoConfig(
-    group_size=8, train_groups=16, mini_batch_groups=4, ppo_epochs=1, eps_low=0.2, eps_high=0.28,
-    loss_agg="token-mean", overlong_filter=False, soft_overlong=False, dynamic_sampling=False,
-    expected_len=4, cache_len=2, max_grad_norm=None, max_gen_rounds=10,
+    group_size=8,
+    train_groups=16,
+    mini_batch_groups=4,
+    ppo_epochs=1,
+    eps_low=0.2,
+    eps_high=0.28,
+    loss_agg="token-mean",
+    overlong_filter=False,
+    soft_overlong=False,
+    dynamic_sampling=False,
+    expected_len=4,
+    cache_len=2,
+    max_grad_norm=None,
+    max_gen_rounds=10,
 )
 LR = 20.0
 TARGET = 0.8
@@ -41,12 +62,13 @@ def time_to_target(tail: str, rho: float):
     counted through the step that reaches it; censored at the horizon."""
 
     def fn(log):
-        for i, m in enumerate(log):
+        for i, m in enumerate(log):  # noqa: B007 (i is the step reached, used below)
             if m["toy/expected_accuracy"] >= TARGET:
                 break
         return log[i][f"cost/gen_time_{tail}_total"] + rho * BASE.max_len * (i + 1)
 
     return fn
+
 
 EXPERIMENT = Experiment(
     name="zero_gradient",
@@ -61,37 +83,84 @@ EXPERIMENT = Experiment(
     summaries={
         "steps_to_target": Summary(
             first_reaching("toy/expected_accuracy", TARGET, "cost/optimizer_steps_total"),
-            f"optimizer steps until exact expected accuracy >= {TARGET} (censored at the horizon)"),
-        "all_correct_change": Summary(change("rollout/groups_all_correct"),
-                                      "change in the share of all-correct groups, last 10 - first 10 steps"),
-        "zero_grad_share_final": Summary(final("rollout/groups_all_correct"), "share of all-correct groups, last 10 steps"),
-        "responses_per_step": Summary(mean_over_run("sampling/generated_groups"), "groups generated per step"),
+            f"optimizer steps until exact expected accuracy >= {TARGET} (censored at the horizon)",
+        ),
+        "all_correct_change": Summary(
+            change("rollout/groups_all_correct"),
+            "change in the share of all-correct groups, last 10 - first 10 steps",
+        ),
+        "zero_grad_share_final": Summary(
+            final("rollout/groups_all_correct"), "share of all-correct groups, last 10 steps"
+        ),
+        "responses_per_step": Summary(
+            mean_over_run("sampling/generated_groups"), "groups generated per step"
+        ),
         "tokens_per_step": Summary(mean_over_run("sampling/generated_tokens"), "tokens generated per step"),
         "accuracy_at_equal_rollouts": Summary(
             at_budget("toy/expected_accuracy", "cost/responses_total", BUDGET),
-            f"exact expected accuracy once {int(BUDGET)} responses have been generated"),
+            f"exact expected accuracy once {int(BUDGET)} responses have been generated",
+        ),
         "accuracy_final": Summary(final("toy/expected_accuracy"), "exact expected accuracy, last 10 steps"),
         "rounds_per_step": Summary(mean_over_run("sampling/rounds"), "generation rounds per step"),
-        **{f"time_to_target_rho{rho:g}_{tail}": Summary(
-            time_to_target(tail, rho),
-            f"simulated time to accuracy {TARGET} (rho = {rho:g} rounds of training per step, {tail})")
-           for rho, tail in REGIMES},
+        **{
+            f"time_to_target_rho{rho:g}_{tail}": Summary(
+                time_to_target(tail, rho),
+                f"simulated time to accuracy {TARGET} (rho = {rho:g} rounds of training per step, {tail})",
+            )
+            for rho, tail in REGIMES
+        },
     },
     contrasts=(
-        Contrast("dynamic sampling reaches the target in fewer optimizer steps", "no_ds", "dynamic_sampling",
-                 "steps_to_target", "-"),
-        Contrast("without DS the share of all-correct groups grows (Fig. 3b)", None, "no_ds", "all_correct_change", "+",
-                 role="secondary"),
-        Contrast("cost: DS generates more groups per step", "no_ds", "dynamic_sampling", "responses_per_step", "+",
-                 role="secondary"),
-        Contrast("accuracy at equal generated responses", "no_ds", "dynamic_sampling", "accuracy_at_equal_rollouts",
-                 "?", role="secondary", note="the paper makes no claim at equal rollouts"),
-        *(Contrast(f"clock: time to target, training {rho:g} round(s)/step, {tail}", "no_ds", "dynamic_sampling",
-                   f"time_to_target_rho{rho:g}_{tail}", "?", role="secondary",
-                   note="simulated generation time, slowest response per round")
-          for rho, tail in REGIMES),
+        Contrast(
+            "dynamic sampling reaches the target in fewer optimizer steps",
+            "no_ds",
+            "dynamic_sampling",
+            "steps_to_target",
+            "-",
+        ),
+        Contrast(
+            "without DS the share of all-correct groups grows (Fig. 3b)",
+            None,
+            "no_ds",
+            "all_correct_change",
+            "+",
+            role="secondary",
+        ),
+        Contrast(
+            "cost: DS generates more groups per step",
+            "no_ds",
+            "dynamic_sampling",
+            "responses_per_step",
+            "+",
+            role="secondary",
+        ),
+        Contrast(
+            "accuracy at equal generated responses",
+            "no_ds",
+            "dynamic_sampling",
+            "accuracy_at_equal_rollouts",
+            "?",
+            role="secondary",
+            note="the paper makes no claim at equal rollouts",
+        ),
+        *(
+            Contrast(
+                f"clock: time to target, training {rho:g} round(s)/step, {tail}",
+                "no_ds",
+                "dynamic_sampling",
+                f"time_to_target_rho{rho:g}_{tail}",
+                "?",
+                role="secondary",
+                note="simulated generation time, slowest response per round",
+            )
+            for rho, tail in REGIMES
+        ),
     ),
-    curves=("toy/expected_accuracy", "toy/expected_accuracy@cost/responses_total",
-            "toy/expected_accuracy@cost/gen_time_tail1_total", "rollout/groups_all_correct",
-            "sampling/generated_groups"),
+    curves=(
+        "toy/expected_accuracy",
+        "toy/expected_accuracy@cost/responses_total",
+        "toy/expected_accuracy@cost/gen_time_tail1_total",
+        "rollout/groups_all_correct",
+        "sampling/generated_groups",
+    ),
 )
