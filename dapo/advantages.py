@@ -3,10 +3,15 @@ responses enter a group's statistics when overlong filtering removes some from t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from .rewards import outcome_reward
+
+if TYPE_CHECKING:
+    from .config import AlgoConfig
 
 
 def group_advantages(
@@ -61,7 +66,7 @@ def group_advantages(
 
 
 def config_advantages(
-    rewards: Tensor, correct: Tensor, lengths: Tensor, truncated: Tensor, group_size: int, cfg
+    rewards: Tensor, correct: Tensor, lengths: Tensor, truncated: Tensor, group_size: int, cfg: AlgoConfig
 ) -> Tensor:
     """Eq. 9 for an ``AlgoConfig``: how responses removed from the loss by overlong
     filtering enter their group's statistics follows ``cfg.filtered_group_stats``

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -124,7 +125,7 @@ class RolloutBatch:
         keys = set(batches[0].extras)
         if any(set(b.extras) != keys for b in batches):
             raise BatchError("extras", "concat needs the same extras keys in every batch")
-        values = {}
+        values: dict[str, Any] = {}
         for name in _PER_TOKEN:
             if name == "rollout_logp" and not has_rollout[0]:
                 values[name] = None

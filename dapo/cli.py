@@ -5,22 +5,56 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
 
 from . import __version__
+from .cliargs import EXIT_USAGE, Parser, UsageError
 
-# name -> (one-line help, "module:function" taking argv and returning an exit code)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "version": ("print the version", "dapo.cli:_version"),
-    "toy": ("toy regime: failure-mode experiments, ladder, factorial, health suite", "toybench.cli:main"),
-    "diagnose": ("diagnose a run's metrics against reference curves", "dapo.health_cli:main"),
-    "train": ("full regime: DAPO training from a YAML config", "scale.cli:train_main"),
-    "eval": ("evaluate a model: avg@k, pass@k, cons@k", "scale.cli:eval_main"),
-    "plan": ("estimate memory and step time of a run on a cluster", "scale.plan:main"),
-    "launch": ("generate a multi-node launch (slurm, torchrun, accelerate)", "scale.launch:main"),
-    "gate": ("write or check the toy gate in front of full-scale runs", "scale.gate:main"),
+# name -> (one-line help, "module:function" taking argv and returning an exit code,
+#          "module:function" returning the command's argparse parser, for --help and the fuzz test)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "version": ("print the version", "dapo.cli:_version", "dapo.cli:_version_parser"),
+    "toy": (
+        "toy regime: failure-mode experiments, ladder, factorial, health suite",
+        "toybench.cli:main",
+        "toybench.cli:build_parser",
+    ),
+    "diagnose": (
+        "diagnose a run's metrics against reference curves",
+        "dapo.health_cli:main",
+        "dapo.health_cli:build_parser",
+    ),
+    "train": (
+        "full regime: DAPO training from a YAML config",
+        "scale.cli:train_main",
+        "scale.cli:train_parser",
+    ),
+    "eval": ("evaluate a model: avg@k, pass@k, cons@k", "scale.cli:eval_main", "scale.cli:eval_parser"),
+    "plan": (
+        "estimate memory and step time of a run on a cluster",
+        "scale.plan:main",
+        "scale.plan:build_parser",
+    ),
+    "launch": (
+        "generate a multi-node launch (slurm, torchrun, accelerate)",
+        "scale.launch:main",
+        "scale.launch:build_parser",
+    ),
+    "gate": (
+        "write or check the toy gate in front of full-scale runs",
+        "scale.gate:main",
+        "scale.gate:build_parser",
+    ),
 }
 
+EXIT_INTERNAL = 70
+"""Exit status of an unexpected internal error (BSD's EX_SOFTWARE); the traceback is in a log."""
 
 # optional dependency -> the extra that provides it
 OPTIONAL = {
@@ -40,9 +74,36 @@ OPTIONAL = {
 }
 
 
+def _version_parser() -> argparse.ArgumentParser:
+    return Parser(prog="dapo version", description="Print the version.")
+
+
 def _version(argv: list[str]) -> int:
+    _version_parser().parse_args(argv)
     print(f"dapo {__version__}")
     return 0
+
+
+def resolve(target: str) -> Any:
+    """The object a ``"module:function"`` entry of :data:`COMMANDS` names."""
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _crash_log(command: str) -> Path:
+    """Write the current exception's traceback to a log and return its path (``runs/logs/``,
+    or the temporary directory if that cannot be written)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    text = f"dapo {command} (pid {os.getpid()}, {stamp})\nargv: {sys.argv}\n\n{traceback.format_exc()}"
+    for folder in (Path("runs/logs"), Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"dapo-{command}-{stamp}-{os.getpid()}.log"
+            path.write_text(text)
+            return path.resolve()
+        except OSError:
+            continue
+    raise RuntimeError("no writable directory for the crash log")
 
 
 def _available(target: str) -> bool:
@@ -56,7 +117,7 @@ def _available(target: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {k: v for k, v in COMMANDS.items() if _available(v[1])}
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dapo",
         description="DAPO, checkable: toy failure-mode benchmarks, run diagnosis, full-scale training.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -70,22 +131,51 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         parser.print_help()
         return 2
-    ns = parser.parse_args(argv[:1])
-    _, target = commands[ns.command]
-    module, func = target.split(":")
+    if argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
     try:
-        fn = getattr(importlib.import_module(module), func)
-        return int(fn(argv[1:]) or 0)
+        ns = parser.parse_args(argv[:1])
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 1
+    command = ns.command
+    try:
+        return int(resolve(commands[command][1])(argv[1:]) or 0)
+    except UsageError as err:
+        print(f"dapo {command}: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as exit_:  # argparse (--help, a bad argument) inside the command
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     except ModuleNotFoundError as err:
         top = (err.name or "").split(".")[0]
         if top not in OPTIONAL:
-            raise
+            return _internal(command)
         print(
-            f"dapo {ns.command}: needs {top}, which is not installed. Install it with: "
+            f"dapo {command}: needs {top}, which is not installed. Install it with: "
             f"pip install 'dapo-repro[{OPTIONAL[top]}]'",
             file=sys.stderr,
         )
         return 3
+    except KeyboardInterrupt:
+        print(f"dapo {command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        return _internal(command)
+
+
+def _internal(command: str) -> int:
+    """One line for an unexpected error, the traceback in a log (``DAPO_DEBUG=1`` re-raises)."""
+    if os.environ.get("DAPO_DEBUG"):
+        raise
+    err = sys.exc_info()[1]
+    path = _crash_log(command)
+    first = (str(err).splitlines() or [""])[0]
+    print(
+        f"dapo {command}: internal error: {type(err).__name__}: {first} (traceback in {path}; "
+        "please report it with that file)",
+        file=sys.stderr,
+    )
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

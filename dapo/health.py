@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 Run = Sequence[dict[str, float]]
 STATUSES = ("healthy", "warning", "failing", "unknown")
 SEVERITY = {"unknown": -1, "healthy": 0, "warning": 1, "failing": 2}
+Verdict = tuple[str, float | None, str]
+"""What a rule's check returns: (status, start step or None, evidence)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,43 @@ class HealthConfig:
     skipped_fail_frac: float = 0.1
     """Share of optimizer steps skipped (non-finite) above which it fails."""
 
+    def __post_init__(self) -> None:
+        """Every threshold finite and in range, each warning level on the safe side of its
+        failing level, so that a typo in ``--set`` cannot silently change the verdicts."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{f.name}: expected a finite number, got {value!r}")
+            if value < 0:
+                raise ValueError(f"{f.name}: must be >= 0, got {value}")
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"window: must be an integer >= 1, got {self.window}")
+        for name in _FRACTIONS:
+            if getattr(self, name) > 1:
+                raise ValueError(f"{name}: a fraction, must be <= 1, got {getattr(self, name)}")
+        for lower, upper in _ORDERED:
+            if getattr(self, lower) > getattr(self, upper):
+                raise ValueError(
+                    f"{lower} ({getattr(self, lower)}) must be <= {upper} ({getattr(self, upper)})"
+                )
+
+
+_FRACTIONS = (
+    "entropy_warn_frac",
+    "entropy_fail_frac",
+    "uniform_warn",
+    "uniform_fail",
+    "truncation_warn",
+    "truncation_fail",
+    "skipped_fail_frac",
+)
+_ORDERED = (
+    ("entropy_fail_frac", "entropy_warn_frac"),
+    ("uniform_warn", "uniform_fail"),
+    ("truncation_warn", "truncation_fail"),
+    ("mismatch_warn", "mismatch_fail"),
+)
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -80,7 +119,7 @@ class Rule:
     needs: tuple[str, ...]
     """Metrics without which the rule reports ``unknown``."""
     knob: str
-    check: Callable[[Run, HealthConfig], tuple[str, float | None, str]]
+    check: Callable[[Run, HealthConfig], Verdict]
 
 
 # ---- series helpers ------------------------------------------------------------------------
@@ -143,7 +182,7 @@ def _uniform_share(run: Run) -> tuple[list[float], list[float]]:
 # ---- the rules ---------------------------------------------------------------------------------
 
 
-def _entropy(run: Run, c: HealthConfig):
+def _entropy(run: Run, c: HealthConfig) -> Verdict:
     xs, ys = series(run, "actor/entropy")
     w = c.window
     start = _mean(ys[:w])
@@ -165,7 +204,7 @@ def _entropy(run: Run, c: HealthConfig):
     return status, since, ev
 
 
-def _vanishing(run: Run, c: HealthConfig):
+def _vanishing(run: Run, c: HealthConfig) -> Verdict:
     xs, ys = _uniform_share(run)
     rx, rounds = series(run, "sampling/rounds")
     _, under = series(run, "sampling/underfilled")
@@ -200,7 +239,7 @@ def _vanishing(run: Run, c: HealthConfig):
     return status, since, "; ".join(parts)
 
 
-def _length(run: Run, c: HealthConfig):
+def _length(run: Run, c: HealthConfig) -> Verdict:
     xs, ln = series(run, "rollout/length_mean")
     _, ent = series(run, "actor/entropy")
     _, acc = series(run, "rollout/accuracy")
@@ -224,7 +263,7 @@ def _length(run: Run, c: HealthConfig):
     return "healthy", None, ev
 
 
-def _truncation(run: Run, c: HealthConfig):
+def _truncation(run: Run, c: HealthConfig) -> Verdict:
     xs, tr = series(run, "rollout/truncation_rate")
     ex, ent = series(run, "actor/entropy")
     w = c.window
@@ -242,7 +281,7 @@ def _truncation(run: Run, c: HealthConfig):
     return status, _onset(xs, tr, w, lambda v: v >= c.truncation_warn), ev
 
 
-def _mismatch(run: Run, c: HealthConfig):
+def _mismatch(run: Run, c: HealthConfig) -> Verdict:
     xs, gap = series(run, "mismatch/logp_gap")
     w = c.window
     if not gap:
@@ -254,7 +293,7 @@ def _mismatch(run: Run, c: HealthConfig):
     return status, since, ev
 
 
-def _gradients(run: Run, c: HealthConfig):
+def _gradients(run: Run, c: HealthConfig) -> Verdict:
     xs, gn = series(run, "actor/grad_norm")
     sx, skipped = series(run, "actor/skipped_steps")
     _, steps = series(run, "actor/optimizer_steps")
@@ -275,7 +314,9 @@ def _gradients(run: Run, c: HealthConfig):
         parts.append(f"grad norm early median {early:.3g}, recent max {peak:.3g}")
         if early > 0 and peak > c.grad_explode * early:
             status = (
-                "failing" if peak > 10 * c.grad_explode * early else max(status, "warning", key=SEVERITY.get)
+                "failing"
+                if peak > 10 * c.grad_explode * early
+                else max(status, "warning", key=SEVERITY.__getitem__)
             )
             since = (
                 since if since is not None else next(x for x, g in zip(xs, gn) if g > c.grad_explode * early)

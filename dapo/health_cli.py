@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from .health import PAPER_REFERENCES, SEVERITY, Finding, HealthConfig, ReferenceCurve, diagnose, series, worst
+from .cliargs import InFile, OutDir, Parser, Text, UsageError
+from .health import (
+    PAPER_REFERENCES,
+    SEVERITY,
+    Finding,
+    HealthConfig,
+    ReferenceCurve,
+    Run,
+    diagnose,
+    series,
+    worst,
+)
 from .runlog import RunLogError, read_runs
 
 PLOTTED = (
@@ -22,8 +36,8 @@ PLOTTED = (
 )
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(
         prog="dapo diagnose",
         description=(
             "Diagnose a run's metrics: one verdict per failure mode (healthy / warning / failing), the step it "
@@ -31,17 +45,32 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument(
-        "run", help="metrics.jsonl (this project or verl names), TRL trainer_state.json, or a run dir"
+        "run",
+        type=Text(),
+        help="metrics.jsonl (this project or verl names), TRL trainer_state.json, or a run dir",
     )
-    p.add_argument("--format", choices=["auto", "dapo", "trl", "verl"], default="auto")
     p.add_argument(
-        "--run-label", default=None, help="diagnose only this run of a multi-run file (e.g. arm=dapo/seed=0)"
+        "--format",
+        choices=["auto", "dapo", "trl", "verl"],
+        default="auto",
+        help="the log's metric names (default auto: detected from the file; a format that names none "
+        "of the file's metrics is refused)",
     )
-    p.add_argument("--report", type=Path, default=None, help="write report.md and figures to this directory")
+    p.add_argument(
+        "--run-label",
+        type=Text(),
+        default=None,
+        help="diagnose only this run of a multi-run file (e.g. arm=dapo/seed=0)",
+    )
+    p.add_argument(
+        "--report", type=OutDir(), default=None, help="write report.md and figures to this directory"
+    )
     p.add_argument(
         "--reference",
+        type=Text(),
         default="paper",
-        help="reference bands for the figures: 'paper' (Fig. 7 shapes), 'none', or a JSON file",
+        help="reference bands for the figures: 'paper' (Fig. 7 shapes), 'none', or a JSON file "
+        "{metric: {source, progress, low, high, note?}}",
     )
     p.add_argument(
         "--fail-on",
@@ -54,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
         "--set",
         action="append",
         default=[],
+        type=Text(),
         metavar="THRESHOLD=VALUE",
         help="override a HealthConfig threshold, e.g. --set entropy_fail_frac=0.4",
     )
@@ -61,15 +91,30 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config(items: list[str]) -> HealthConfig:
-    values = {}
+    """``--set NAME=VALUE`` items as a checked :class:`HealthConfig`: every value must parse
+    as the default's type and pass the config's own range checks."""
+    values: dict[str, Any] = {}
+    defaults = HealthConfig()
     for item in items:
-        key, _, raw = item.partition("=")
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise UsageError(f"--set {item!r}: expected THRESHOLD=VALUE")
         if key not in HealthConfig.__dataclass_fields__:
-            raise SystemExit(
-                f"dapo diagnose: unknown threshold {key!r}; known: {sorted(HealthConfig.__dataclass_fields__)}"
+            raise UsageError(
+                f"--set: unknown threshold {key!r}; known: {', '.join(sorted(HealthConfig.__dataclass_fields__))}"
             )
-        values[key] = type(getattr(HealthConfig(), key))(raw)
-    return HealthConfig(**values)
+        kind = type(getattr(defaults, key))
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise UsageError(f"--set {key}: expected {kind.__name__}, got {raw!r}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--set {key}: must be finite, got {raw!r}")
+        values[key] = value
+    try:
+        return HealthConfig(**values)
+    except ValueError as err:
+        raise UsageError(f"--set: {err}") from None
 
 
 def _references(spec: str) -> dict[str, ReferenceCurve]:
@@ -77,18 +122,30 @@ def _references(spec: str) -> dict[str, ReferenceCurve]:
         return {}
     if spec == "paper":
         return PAPER_REFERENCES
-    data = json.loads(Path(spec).read_text())
-    return {
-        k: ReferenceCurve(
-            metric=k,
-            source=v["source"],
-            progress=tuple(v["progress"]),
-            low=tuple(v["low"]),
-            high=tuple(v["high"]),
-            note=v.get("note", ""),
-        )
-        for k, v in data.items()
-    }
+    path = InFile("json")(spec) if Path(spec).exists() else None
+    if path is None:
+        raise UsageError(f"--reference: expected 'paper', 'none' or a JSON file; no such file: {spec!r}")
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise UsageError(f"--reference {spec}: expected a JSON object of metric -> curve")
+    curves = {}
+    for k, v in data.items():
+        try:
+            curves[k] = ReferenceCurve(
+                metric=k,
+                source=str(v["source"]),
+                progress=tuple(float(x) for x in v["progress"]),
+                low=tuple(float(x) for x in v["low"]),
+                high=tuple(float(x) for x in v["high"]),
+                note=str(v.get("note", "")),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise UsageError(
+                f"--reference {spec}: curve {k!r}: needs source, progress, low and high (lists of numbers): {err!r}"
+            ) from None
+        if not len(curves[k].progress) == len(curves[k].low) == len(curves[k].high):
+            raise UsageError(f"--reference {spec}: curve {k!r}: progress, low and high differ in length")
+    return curves
 
 
 def format_findings(label: str, findings: list[Finding]) -> str:
@@ -106,8 +163,9 @@ def format_findings(label: str, findings: list[Finding]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     cfg = _config(args.set)
+    references = _references(args.reference)  # checked even without --report: a typo is not ignored
     try:
         runs, notes = read_runs(args.run, args.format)
     except (RunLogError, OSError) as err:
@@ -129,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("\n\n".join(format_findings(label, fs) for label, fs in results.items()))
     if args.report:
-        write_report(args.report, args.run, runs, results, _references(args.reference))
+        write_report(args.report, args.run, runs, results, references)
         print(f"\nreport: {args.report / 'report.md'}")
     if args.fail_on:
         level = SEVERITY[args.fail_on]
@@ -139,7 +197,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_report(
-    out: Path, source: str, runs, results, references: dict[str, ReferenceCurve], max_figures: int = 12
+    out: Path,
+    source: str,
+    runs: Mapping[str, Run],
+    results: dict[str, list[Finding]],
+    references: dict[str, ReferenceCurve],
+    max_figures: int = 12,
 ) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     lines = [
@@ -180,7 +243,9 @@ def write_report(
     return path
 
 
-def _plots(out: Path, runs, references, max_figures: int) -> dict[str, str]:
+def _plots(
+    out: Path, runs: Mapping[str, Run], references: dict[str, ReferenceCurve], max_figures: int
+) -> dict[str, str]:
     try:
         import matplotlib
 

@@ -14,6 +14,8 @@ With z = h W^T / T (T the sampling temperature), p = softmax(z):
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -31,7 +33,9 @@ def _chunk_stats(
 
 class _ChunkedLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int, inv_temp: float):
+    def forward(
+        ctx: Any, hidden: Tensor, weight: Tensor, targets: Tensor, chunk: int, inv_temp: float
+    ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty(n, dtype=torch.float32, device=hidden.device)
@@ -44,7 +48,9 @@ class _ChunkedLogProbs(torch.autograd.Function):
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, g_logp: Tensor | None, g_ent: Tensor | None):
+    def backward(
+        ctx: Any, g_logp: Tensor | None, g_ent: Tensor | None
+    ) -> tuple[Tensor | None, Tensor | None, None, None, None]:
         hidden, weight, targets = ctx.saved_tensors
         chunk, inv_temp = ctx.chunk, ctx.inv_temp
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -64,11 +70,11 @@ class _ChunkedLogProbs(torch.autograd.Function):
                 mean_z = (p * z).sum(-1, keepdim=True)
                 dz -= ge * p * (z - mean_z)
             dz *= inv_temp
-            if need_h:
+            if grad_h is not None:
                 grad_h[s : s + chunk] = (dz @ weight.float()).to(hidden.dtype)
-            if need_w:
+            if grad_w is not None:
                 grad_w += dz.t() @ h.float()
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
+        return grad_h, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None, None
 
 
 def chunked_logprobs(
@@ -87,7 +93,11 @@ def chunked_logprobs(
         raise ValueError("temperature must be > 0")
     shape = targets.shape
     h = hidden.reshape(-1, hidden.shape[-1])
-    logp, entropy = _ChunkedLogProbs.apply(h, weight, targets.reshape(-1), chunk, 1.0 / temperature)
+    # torch's Function.apply is unannotated; forward above fixes what it returns.
+    out: tuple[Tensor, Tensor] = _ChunkedLogProbs.apply(  # type: ignore[no-untyped-call]
+        h, weight, targets.reshape(-1), chunk, 1.0 / temperature
+    )
+    logp, entropy = out
     return logp.view(shape), entropy.view(shape)
 
 

@@ -7,9 +7,13 @@ so a 10,000-digit answer costs linear time and no ``int()`` conversion limit app
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from .config import AlgoConfig
 
 ANSWER_MARKER = "Answer:"
 _INTEGER = re.compile(r"[+-]?[0-9]+")
@@ -125,7 +129,7 @@ def outcome_reward(
     return base
 
 
-def config_reward(correct: Tensor, lengths: Tensor, cfg) -> Tensor:
+def config_reward(correct: Tensor, lengths: Tensor, cfg: AlgoConfig) -> Tensor:
     """:func:`outcome_reward` with the shaping knobs of an ``AlgoConfig``."""
     return outcome_reward(
         correct,

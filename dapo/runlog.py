@@ -130,17 +130,28 @@ def read_runs(path: str | Path, fmt: str = "auto") -> tuple[dict[str, list[dict[
                 continue
             raise RunLogError(f"{where}: no 'step' field")
         label = "/".join(f"{k}={row[k]}" for k in ("experiment", "arm", "seed") if k in row) or "run"
-        out: dict[str, float] = {"step": _clean(row["step"], f"{where}: step")}
+        step = _clean(row["step"], f"{where}: step")
+        if step is None:
+            raise RunLogError(f"{where}: step is null or not finite")
+        out: dict[str, float] = {"step": step}
         for key, value in row.items():
             if key in ("step", "experiment", "arm", "seed", "epoch"):
                 continue
-            name = names.get(key) if names is not None else key
-            if name is None or (isinstance(value, (str, list, dict)) and name not in SCHEMA):
+            metric: str | None = names.get(key) if names is not None else key
+            if metric is None or (isinstance(value, (str, list, dict)) and metric not in SCHEMA):
                 continue  # not a metric this tool reads
             v = _clean(value, f"{where}: {key}")
             if v is not None:
-                out[name] = v
+                out[metric] = v
         runs.setdefault(label, []).append(out)
     if not runs:
         raise RunLogError(f"{path}: no metric rows")
+    read = {k for run in runs.values() for row in run for k in row} - {"step"}
+    if not read & set(SCHEMA):
+        hint = (
+            f" (it looks like {detect_format(path, rows)}; try --format auto)"
+            if path.suffix != ".json"
+            else ""
+        )
+        raise RunLogError(f"{path}: none of the metrics that --format {fmt} names occur in this file{hint}")
     return runs, notes

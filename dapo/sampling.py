@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from .batch import RolloutBatch
+
+if TYPE_CHECKING:
+    from .config import AlgoConfig
 
 
 class SamplingWarning(UserWarning):
@@ -85,7 +89,7 @@ class DynamicSampler:
         self.reset()
 
     @classmethod
-    def for_config(cls, cfg, target_groups: int | None = None) -> DynamicSampler:
+    def for_config(cls, cfg: AlgoConfig, target_groups: int | None = None) -> DynamicSampler:
         """The sampler an ``AlgoConfig`` asks for (``target_groups`` defaults to
         ``cfg.train_groups``; pass a rank's share under data parallelism)."""
         return cls(

@@ -97,7 +97,8 @@ def update(
     g = batch.group_size
     if g is None:
         raise ValueError("update needs a batch of whole groups (group_size set)")
-    backward = backward or (lambda loss: loss.backward())
+    # Tensor.backward is unannotated in torch's stubs.
+    backward = backward or (lambda loss: loss.backward())  # type: ignore[no-untyped-call]
     if clip_grad_norm is None:
         params = _params(optimizer)
 
@@ -172,8 +173,8 @@ def update(
                     window.add_tokens(mb, entropy)
             if finite:
                 norm = clip_grad_norm(cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf)
-                norm = float(norm)
-                finite = math.isfinite(norm)
+                grad_norm = float(norm)
+                finite = math.isfinite(grad_norm)
             if not finite:
                 optimizer.zero_grad(set_to_none=True)
                 sums.skipped += 1
@@ -182,7 +183,7 @@ def update(
             sums.merge(window)
             sums.steps += 1
             sums.losses.append(loss_total)
-            sums.norms.append(norm)
+            sums.norms.append(grad_norm)
     optimizer.zero_grad(set_to_none=True)
 
     filtered = batch.truncated if cfg.overlong_filter else torch.zeros_like(batch.truncated)

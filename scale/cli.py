@@ -6,20 +6,35 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
+
+from dapo.cliargs import Float, Int, OutFile, Parser, Text, UsageError
 
 
-def train_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="dapo train", description="DAPO training from a YAML config (accelerate + vLLM)."
+def config_arguments(p: argparse.ArgumentParser) -> None:
+    """``--config`` and the ``section.field=value`` overrides (the config is checked by
+    :func:`scale.config.load_for_cli` before any work)."""
+    p.add_argument(
+        "--config",
+        type=Text(),
+        required=True,
+        help="a YAML file or a bundled preset: tiny-cpu, qwen2.5-32b-dapo",
+    )
+    p.add_argument("overrides", type=Text(), nargs="*", help="section.field=value (value parsed as YAML)")
+
+
+def train_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="dapo train", description="DAPO training from a YAML config (accelerate + vLLM).")
+    config_arguments(p)
+    p.add_argument(
+        "--resume",
+        type=Text(),
+        default=None,
+        help="'auto' (latest checkpoint of output.dir) or a checkpoint dir",
     )
     p.add_argument(
-        "--config", required=True, help="a YAML file or a bundled preset: tiny-cpu, qwen2.5-32b-dapo"
+        "--steps", type=Int(lo=1), default=None, help="stop after this many steps of this invocation"
     )
-    p.add_argument("overrides", nargs="*", help="section.field=value (value parsed as YAML)")
-    p.add_argument(
-        "--resume", default=None, help="'auto' (latest checkpoint of output.dir) or a checkpoint dir"
-    )
-    p.add_argument("--steps", type=int, default=None, help="stop after this many steps of this invocation")
     p.add_argument(
         "--validate-only", action="store_true", help="check the config and the data files, then exit"
     )
@@ -29,7 +44,20 @@ def train_main(argv: list[str] | None = None) -> int:
         help="refuse to start unless the toy gate passed for this commit and algo config",
     )
     p.add_argument("--force", action="store_true", help="start without a matching gate (recorded in the run)")
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="delete output.dir first if it holds a previous run (smoke runs; never with --resume)",
+    )
+    p.add_argument("--verbose", action="store_true", help="show the engines' own logs (vLLM, transformers)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    args = train_parser().parse_args(argv)
+    if args.fresh and args.resume:
+        raise UsageError("--fresh deletes the run that --resume would continue; give one of them")
 
     from .config import load_for_cli
     from .data import DataError
@@ -37,7 +65,10 @@ def train_main(argv: list[str] | None = None) -> int:
     cfg = load_for_cli("dapo train", args.config, args.overrides)
     if cfg is None:
         return 2
+    if args.resume not in (None, "auto") and not Path(args.resume).is_dir():
+        raise UsageError(f"--resume: no such checkpoint directory: {args.resume!r} (or 'auto')")
     if args.validate_only:
+        _ensure_tiny(cfg, model=False)
         return _validate_data(cfg)
     gate = {"required": args.require_gate}
     if args.require_gate:
@@ -54,6 +85,9 @@ def train_main(argv: list[str] | None = None) -> int:
                 return 5
             print(f"WARNING: STARTING WITHOUT A MATCHING TOY GATE (--force): {err}", file=sys.stderr)
             gate.update({"forced": True, "reason": str(err)})
+    if args.fresh:
+        _clear_previous_run(Path(cfg.output.dir))
+    quiet_engines(args.verbose)
     Path(cfg.output.dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.output.dir) / "gate.json").write_text(json.dumps(gate, indent=2, default=str))
     _ensure_tiny(cfg)
@@ -63,18 +97,25 @@ def train_main(argv: list[str] | None = None) -> int:
 
     preload_collective_modules()  # before accelerate creates the process group
     try:
-        trainer = Trainer(cfg, resume=args.resume)
+        trainer = Trainer(cfg, resume=args.resume, progress=not args.quiet)
         trainer.train(args.steps)
     except (DataError, FileExistsError) as err:
         print(f"dapo train: {err}", file=sys.stderr)
         return 2
     except EngineError as err:
         print(
-            f"dapo train: rollout engine failed: {err}\nResume with --resume auto from the last checkpoint "
-            f"under {cfg.output.dir}/checkpoints.",
+            f"dapo train: rollout engine failed: {err}; resume with --resume auto (the last checkpoint "
+            f"under {cfg.output.dir}/checkpoints)",
             file=sys.stderr,
         )
         return 4
+    except KeyboardInterrupt:
+        print(
+            f"dapo train: interrupted; resume with --resume auto (the last checkpoint under "
+            f"{cfg.output.dir}/checkpoints)",
+            file=sys.stderr,
+        )
+        return 130
     trainer.close()
     del trainer
     leaked = shutdown()
@@ -83,13 +124,54 @@ def train_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _ensure_tiny(cfg) -> None:
+def _clear_previous_run(out: Path) -> None:
+    """``--fresh``: remove a previous run in ``out``, but only one this trainer wrote (its
+    ``metrics.jsonl`` or ``checkpoints/``), never an arbitrary directory."""
+    import shutil
+
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UsageError(f"--fresh: output.dir {str(out)!r} is not a directory")
+    entries = {p.name for p in out.iterdir()}
+    if entries and not entries & {"metrics.jsonl", "checkpoints", "gate.json", "config.yaml"}:
+        raise UsageError(f"--fresh: {str(out)!r} holds files that no dapo run wrote; not deleting it")
+    shutil.rmtree(out)
+
+
+def quiet_engines(verbose: bool) -> None:
+    """Engine logs off unless ``--verbose``: vLLM's INFO lines and the per-sync weight-loading
+    notices that read like failures (``Failed to load weights``), transformers' warnings."""
+    import logging
+    import os
+    import warnings
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")
+    if verbose:
+        return
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for name in ("vllm", "transformers", "accelerate", "torch.distributed"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for module in ("vllm", "transformers", "accelerate", "torch"):  # deprecation notices of the stack
+        warnings.filterwarnings("ignore", category=FutureWarning, module=module)
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=module)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()  # "Loading weights", "Writing model shards" per checkpoint
+    except ImportError:
+        pass
+
+
+def _ensure_tiny(cfg, model: bool = True) -> None:
     """The tiny-cpu preset builds its random model and data on first use."""
     from .tiny import build_tiny_data, build_tiny_model
 
-    model = Path(cfg.model.path)
-    if model.name == "tiny-model" and not model.exists():
-        build_tiny_model(model)
+    path = Path(cfg.model.path)
+    if model and path.name == "tiny-model" and not path.exists():
+        build_tiny_model(path)
     data = Path(cfg.data.train)
     if data.parent.name == "tiny-data" and not data.exists():
         build_tiny_data(data.parent)
@@ -118,40 +200,84 @@ def _validate_data(cfg) -> int:
     return 0
 
 
-def eval_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="dapo eval", description="avg@k, pass@k and cons@k on integer-answer problems."
+EVAL_CHUNK = 64
+"""Problems per generation call of ``dapo eval`` (large enough to keep the engine busy)."""
+
+
+def eval_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="dapo eval", description="avg@k, pass@k and cons@k on integer-answer problems.")
+    p.add_argument(
+        "--model",
+        type=Text(),
+        required=True,
+        help="model directory with config.json (e.g. a checkpoint) or a hub id (org/name)",
     )
-    p.add_argument("--model", required=True, help="model directory (e.g. a checkpoint) or hub id")
-    p.add_argument("--data", required=True, help="evaluation problems (.jsonl/.json/.parquet or hub id)")
-    p.add_argument("--k", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=0.7)
-    p.add_argument("--max-new-tokens", type=int, default=20480)
-    p.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--template", choices=["dapo", "none"], default="dapo")
-    p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=None, help="write the summary and predictions as JSON here")
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--data",
+        type=Text(),
+        required=True,
+        help="evaluation problems: a .jsonl/.json/.parquet file or a hub dataset id",
+    )
+    p.add_argument("--k", type=Int(lo=1), default=32, help="samples per problem (default 32: avg@32)")
+    p.add_argument(
+        "--temperature", type=Float(lo=0.0, lo_open=True, hi=10.0), default=1.0, help="sampling temperature"
+    )
+    p.add_argument(
+        "--top-p",
+        type=Float(lo=0.0, lo_open=True, hi=1.0),
+        default=0.7,
+        help="nucleus sampling (the paper: 0.7)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=Int(lo=1),
+        default=20480,
+        help="generation ceiling per response (default 20480)",
+    )
+    p.add_argument("--engine", choices=["vllm", "hf"], default="vllm", help="vLLM (default) or transformers")
+    p.add_argument(
+        "--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16", help="model dtype"
+    )
+    p.add_argument(
+        "--template",
+        choices=["dapo", "none"],
+        default="dapo",
+        help="dapo: wrap problems in the paper's 'Answer:' instruction; none: prompts as they are",
+    )
+    p.add_argument("--limit", type=Int(lo=1), default=None, help="only the first N problems")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=Float(lo=0.0, lo_open=True, hi=1.0),
+        default=0.8,
+        help="vLLM's memory share (default 0.8)",
+    )
+    p.add_argument("--seed", type=Int(lo=0), default=0, help="sampling seed")
+    p.add_argument(
+        "--out", type=OutFile(), default=None, help="write the summary and predictions as JSON here"
+    )
+    p.add_argument("--verbose", action="store_true", help="show the engines' own logs (vLLM, transformers)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
 
+
+def _check_model(spec: str) -> None:
+    """A local model directory must hold a config.json; anything else must look like a hub id."""
+    import re
+
+    path = Path(spec)
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise UsageError(f"--model: {spec!r} has no config.json (not a model directory)")
+    elif spec.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
+        raise UsageError(f"--model: no such model directory: {spec!r} (nor a hub id like Qwen/Qwen2.5-32B)")
+
+
+def _generate(args: argparse.Namespace, tok: Any, prompts: list[list[int]]) -> list[list[Any]]:
+    """``args.k`` samples per prompt from the chosen engine, with a progress bar."""
     import torch
-    from transformers import AutoTokenizer
 
-    from .data import DataError, load_problems
     from .engines import make_engine
-    from .evaluation import ProblemResult, canonical_prediction, summarize
 
-    tok = AutoTokenizer.from_pretrained(args.model)
-    try:
-        problems = load_problems(args.data, template=args.template)
-    except (DataError, FileNotFoundError) as err:
-        print(f"dapo eval: {err}", file=sys.stderr)
-        return 2
-    problems = problems[: args.limit] if args.limit else problems
-    prompts = [tok(p.prompt).input_ids for p in problems]
     if args.engine == "hf":
         from transformers import AutoModelForCausalLM
 
@@ -169,14 +295,56 @@ def eval_main(argv: list[str] | None = None) -> int:
             gpu_memory_utilization=args.gpu_memory_utilization,
             seed=args.seed,
         )
-    gens = engine.generate(
-        prompts,
-        n=args.k,
-        max_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-    )
+    from tqdm.auto import tqdm
+
+    gens = []
+    with tqdm(total=len(prompts), desc="dapo eval", unit="problem", disable=args.quiet) as bar:
+        for i in range(0, len(prompts), EVAL_CHUNK):  # chunks only for the progress bar
+            chunk = prompts[i : i + EVAL_CHUNK]
+            gens += engine.generate(
+                chunk,
+                n=args.k,
+                max_tokens=args.max_new_tokens,
+                temperature=args.temperature,
+                top_p=args.top_p,
+                seed=args.seed + i,
+            )
+            bar.update(len(chunk))
+    return gens
+
+
+def eval_main(argv: list[str] | None = None) -> int:
+    args = eval_parser().parse_args(argv)
+    _check_model(args.model)
+
+    from .data import DataError, load_problems
+
+    try:
+        problems = load_problems(args.data, template=args.template)
+    except (DataError, FileNotFoundError) as err:
+        raise UsageError(f"--data: {err}") from None
+    problems = problems[: args.limit] if args.limit else problems
+    if not problems:
+        raise UsageError(f"--data: {args.data!r} holds no problems")
+    quiet_engines(args.verbose)
+
+    from transformers import AutoTokenizer
+
+    from .engines import EngineError
+    from .evaluation import ProblemResult, canonical_prediction, summarize
+
+    try:
+        tok = AutoTokenizer.from_pretrained(args.model)
+    except (OSError, ValueError) as err:
+        raise UsageError(
+            f"--model: cannot load a tokenizer from {args.model!r}: {str(err).splitlines()[0]}"
+        ) from None
+    prompts = [tok(p.prompt).input_ids for p in problems]
+    try:
+        gens = _generate(args, tok, prompts)
+    except EngineError as err:
+        print(f"dapo eval: rollout engine failed: {err}", file=sys.stderr)
+        return 4
     results = [
         ProblemResult(
             p.answer, [canonical_prediction(tok.decode(g.token_ids, skip_special_tokens=True)) for g in row]

@@ -9,6 +9,8 @@ parsed as YAML.
 from __future__ import annotations
 
 import dataclasses
+import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -195,6 +197,39 @@ _SECTIONS = {
 }
 
 
+def _type_problem(hint: Any, value: Any) -> str | None:
+    """Why ``value`` does not fit the field type ``hint`` (YAML scalars and lists), or None."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        if value is None:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        args = typing.get_args(hint)
+    if hint is bool:
+        return None if isinstance(value, bool) else "must be true or false"
+    if hint is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else "must be an integer"
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return None if ok else "must be a finite number"
+    if hint is str:
+        return None if isinstance(value, str) else "must be a string"
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(value, tuple):
+            return "must be a list"
+        if len(args) == 2 and args[1] is Ellipsis:
+            items = [args[0]] * len(value)
+        else:
+            if len(value) != len(args):
+                return f"must be a list of {len(args)}"
+            items = list(args)
+        for item_hint, item in zip(items, value):
+            if (why := _type_problem(item_hint, item)) is not None:
+                return f"items: {why}"
+        return None
+    return None
+
+
 def _build(cls, values: Any, section: str):
     if not isinstance(values, dict):
         raise ConfigError(section, f"must be a mapping (got {type(values).__name__})")
@@ -209,10 +244,13 @@ def _build(cls, values: Any, section: str):
     ]
     if missing:
         raise ConfigError(f"{section}.{missing[0]}", "is required")
+    hints = typing.get_type_hints(cls)
     clean = {}
     for k, v in values.items():
         if isinstance(v, list):
             v = tuple(v)
+        if (why := _type_problem(hints[k], v)) is not None:
+            raise ConfigError(f"{section}.{k}", f"{why} (got {v!r})")
         clean[k] = v
     try:
         return cls(**clean)
@@ -282,7 +320,10 @@ def load(name_or_path: str, overrides: list[str] | None = None) -> RunConfig:
     try:
         values = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError("config", f"{path}: not valid YAML: {err}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError("config", f"{where}: not valid YAML ({problem})") from None
     values = apply_overrides(values or {}, overrides or [])
     try:
         return from_dict(values, source=str(path))

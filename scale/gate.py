@@ -67,7 +67,12 @@ def toy_verdicts(summary: dict) -> tuple[bool, list[str]]:
 
 def write(cfg, toy_summary: Path, gate_dir: Path = GATE_DIR) -> Path:
     summary = json.loads(Path(toy_summary).read_text())
-    ok, problems = toy_verdicts(summary)
+    if not isinstance(summary, dict) or not isinstance(summary.get("experiments"), dict):
+        raise MalformedSummary(f"{toy_summary}: not a toy summary (no 'experiments' mapping)")
+    try:
+        ok, problems = toy_verdicts(summary)
+    except (KeyError, TypeError, AttributeError) as err:
+        raise MalformedSummary(f"{toy_summary}: not a toy summary (malformed contrast: {err!r})") from None
     if not ok:
         raise GateError("toy checks did not pass:\n  " + "\n  ".join(problems))
     commit, dirty = git_state()
@@ -86,7 +91,11 @@ def write(cfg, toy_summary: Path, gate_dir: Path = GATE_DIR) -> Path:
 
 
 class GateError(RuntimeError):
-    pass
+    """The gate does not allow the run (the reason is the message)."""
+
+
+class MalformedSummary(GateError):
+    """The toy summary given to ``gate write`` is not one (bad input: exit 2)."""
 
 
 def check(cfg, gate_dir: Path = GATE_DIR) -> dict:
@@ -114,15 +123,28 @@ def check(cfg, gate_dir: Path = GATE_DIR) -> dict:
     return record
 
 
+def build_parser() -> argparse.ArgumentParser:
+    from dapo.cliargs import InFile, Parser, Text
+
+    ap = Parser(prog="dapo gate", description="The toy gate in front of full-scale runs.")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{write,check}")
+    w = sub.add_parser("write", help="record that the toy checks passed for this commit and config")
+    c = sub.add_parser("check", help="exit 0 only if a gate matches this commit and config")
+    for q in (w, c):
+        q.add_argument(
+            "--config", type=Text(), required=True, help="a YAML file or preset; its algo section is hashed"
+        )
+    w.add_argument(
+        "--toy-summary",
+        type=InFile("json"),
+        default="runs/toy/summary.json",
+        help="summary.json of `dapo toy run all` (default runs/toy/summary.json)",
+    )
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="dapo gate", description="The toy gate in front of full-scale runs.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    w = sub.add_parser("write")
-    w.add_argument("--config", required=True)
-    w.add_argument("--toy-summary", type=Path, default=Path("runs/toy/summary.json"))
-    c = sub.add_parser("check")
-    c.add_argument("--config", required=True)
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     from dapo.config import ConfigError
 
     from .config import load
@@ -137,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"gate ok: commit {rec['commit'][:10]}, algo {rec['algo_hash']}, toy verdicts {rec['verdicts']}"
             )
         return 0
-    except (GateError, ConfigError, FileNotFoundError) as err:
+    except (MalformedSummary, ConfigError) as err:
+        print(f"dapo gate {args.cmd}: {err}", file=sys.stderr)
+        return 2
+    except GateError as err:
         print(f"dapo gate {args.cmd}: {err}", file=sys.stderr)
         return 1

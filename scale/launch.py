@@ -8,6 +8,7 @@ generated commands.
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -23,6 +24,23 @@ ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # vLLM in the trainer's process (colocated)
     "OMP_NUM_THREADS": "8",
 }
+
+
+_VAR = re.compile(r"\$(\{\w+\}|\w+)")
+
+
+def shell_word(word: str) -> str:
+    """``word`` quoted for a POSIX shell, leaving ``$VAR`` references expandable: a word with
+    one goes in double quotes (``"$MASTER_ADDR:29500"``); any other in single quotes."""
+    if _VAR.search(word):
+        if re.search(r'["\\`]', word) or re.search(r"\$(?!\{?\w)", word):
+            raise ValueError(f"cannot quote {word!r} for the shell and keep its variables")
+        return f'"{word}"'
+    return shlex.quote(word)
+
+
+def shell_line(words: list[str]) -> str:
+    return " ".join(shell_word(w) for w in words)
 
 
 def train_args(config: str, overrides: list[str], require_gate: bool = True) -> list[str]:
@@ -81,7 +99,6 @@ def slurm_script(
     config: str, nodes: int, gpus: int, overrides: list[str], partition: str | None = None, hours: int = 72
 ) -> str:
     cmd = accelerate_command(config, nodes, gpus, "$SLURM_NODEID", "$MASTER_ADDR", overrides)
-    quoted = " ".join(a if a.startswith("$") else shlex.quote(a) for a in cmd)
     lines = [
         "#!/bin/bash",
         "#SBATCH --job-name=dapo",
@@ -102,25 +119,50 @@ def slurm_script(
     lines += [f"export {k}={shlex.quote(v)}" for k, v in ENV.items()]
     lines += [
         "# one launcher per node; accelerate starts the node's GPU processes",
-        f"srun --kill-on-bad-exit=1 bash -c '{quoted}'",
+        f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(shell_line(cmd))}",
     ]
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="dapo launch", description="Generate a multi-node launch for dapo train."
+def build_parser() -> argparse.ArgumentParser:
+    from dapo.cliargs import Int, OutFile, Parser, Text
+
+    from .cli import config_arguments
+
+    ap = Parser(prog="dapo launch", description="Generate a multi-node launch for dapo train.")
+    config_arguments(ap)
+    ap.add_argument("--nodes", type=Int(lo=1), required=True, help="nodes, >= 1")
+    ap.add_argument("--gpus-per-node", type=Int(lo=1), default=8, help="GPUs per node (default 8)")
+    ap.add_argument(
+        "--scheduler",
+        choices=["slurm", "torchrun", "accelerate"],
+        default="slurm",
+        help="slurm: an sbatch script (default); torchrun / accelerate: the command to run on every node",
     )
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--nodes", type=int, required=True)
-    ap.add_argument("--gpus-per-node", type=int, default=8)
-    ap.add_argument("--scheduler", choices=["slurm", "torchrun", "accelerate"], default="slurm")
-    ap.add_argument("--master", default="$MASTER_ADDR")
-    ap.add_argument("--rank", default="$NODE_RANK", help="this node's rank (accelerate)")
-    ap.add_argument("--partition", default=None)
-    ap.add_argument("--out", type=Path, default=None, help="write the script here instead of printing it")
-    ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--master",
+        type=Text(),
+        default="$MASTER_ADDR",
+        help="address of node 0 (default $MASTER_ADDR, expanded by the shell on each node)",
+    )
+    ap.add_argument(
+        "--rank",
+        type=Text(),
+        default="$NODE_RANK",
+        help="this node's rank for accelerate (default $NODE_RANK, expanded by the shell)",
+    )
+    ap.add_argument("--partition", type=Text(), default=None, help="SLURM partition")
+    ap.add_argument(
+        "--hours", type=Int(lo=1, hi=24 * 30), default=72, help="SLURM time limit in hours (default 72)"
+    )
+    ap.add_argument(
+        "--out", type=OutFile(), default=None, help="write the script here instead of printing it"
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from .config import load_for_cli
 
     cfg = load_for_cli("dapo launch", args.config, args.overrides)
@@ -139,12 +181,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in ENV.items())
     if args.scheduler == "slurm":
-        text = slurm_script(args.config, args.nodes, args.gpus_per_node, args.overrides, args.partition)
+        text = slurm_script(
+            args.config, args.nodes, args.gpus_per_node, args.overrides, args.partition, args.hours
+        )
     elif args.scheduler == "torchrun":
         text = (
             env
             + " "
-            + shlex.join(
+            + shell_line(
                 torchrun_command(args.config, args.nodes, args.gpus_per_node, args.master, args.overrides)
             )
             + "\n"
@@ -153,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         text = (
             env
             + " "
-            + shlex.join(
+            + shell_line(
                 accelerate_command(
                     args.config, args.nodes, args.gpus_per_node, args.rank, args.master, args.overrides
                 )

@@ -275,28 +275,57 @@ def format_plan(pl: Plan, cfg, cluster: Cluster) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="dapo plan", description="Memory and step-time estimate of a run.")
-    ap.add_argument("--config", required=True, help="YAML config or preset name")
-    ap.add_argument("--gpus", type=int, required=True, help="GPUs per node")
-    ap.add_argument("--gpu-mem", type=float, required=True, help="GiB per GPU")
-    ap.add_argument("--nodes", type=int, default=1)
-    ap.add_argument("--gpu-tflops", type=float, default=312.0)
-    ap.add_argument("--mfu", type=float, default=0.35)
-    ap.add_argument("--decode-tokens-per-s", type=float, default=1000.0, help="per GPU, large batch")
+def build_parser() -> argparse.ArgumentParser:
+    from dapo.cliargs import Float, Int, Parser
+
+    from .cli import config_arguments
+
+    ap = Parser(prog="dapo plan", description="Memory and step-time estimate of a run.")
+    config_arguments(ap)
+    ap.add_argument("--gpus", type=Int(lo=1), required=True, help="GPUs per node")
+    ap.add_argument("--gpu-mem", type=Float(lo=0.0, lo_open=True), required=True, help="GiB per GPU")
+    ap.add_argument("--nodes", type=Int(lo=1), default=1, help="nodes (default 1)")
+    ap.add_argument(
+        "--gpu-tflops",
+        type=Float(lo=0.0, lo_open=True),
+        default=312.0,
+        help="dense bf16 TFLOP/s per GPU (default 312, A100)",
+    )
+    ap.add_argument(
+        "--mfu",
+        type=Float(lo=0.0, lo_open=True, hi=1.0),
+        default=0.35,
+        help="model FLOPs utilization of training, in (0, 1] (default 0.35)",
+    )
+    ap.add_argument(
+        "--decode-tokens-per-s",
+        type=Float(lo=0.0, lo_open=True),
+        default=1000.0,
+        help="decode throughput per GPU at large batch (default 1000)",
+    )
     ap.add_argument("--no-offload", action="store_true", help="keep parameters and optimizer on the GPU")
-    ap.add_argument("--micro-batch-tokens", type=int, default=None)
-    ap.add_argument("--acceptance", type=float, default=0.5, help="dynamic-sampling acceptance rate")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("overrides", nargs="*", help="section.field=value")
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--micro-batch-tokens",
+        type=Int(lo=1),
+        default=None,
+        help="tokens per micro-batch (default: the longest response)",
+    )
+    ap.add_argument(
+        "--acceptance",
+        type=Float(lo=0.0, lo_open=True, hi=1.0),
+        default=0.5,
+        help="dynamic-sampling acceptance rate, in (0, 1] (default 0.5)",
+    )
+    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from .config import load_for_cli
 
     cfg = load_for_cli("dapo plan", args.config, args.overrides)
     if cfg is None:
-        return 2
-    if not 0 < args.acceptance <= 1:
-        print("dapo plan: --acceptance must lie in (0, 1]", file=sys.stderr)
         return 2
     cluster = Cluster(
         args.nodes, args.gpus, args.gpu_mem, args.gpu_tflops, args.mfu, args.decode_tokens_per_s

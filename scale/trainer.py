@@ -103,12 +103,15 @@ def run_update(
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, *, resume: str | None = None, accelerator=None, log=print):
+    def __init__(
+        self, cfg: RunConfig, *, resume: str | None = None, accelerator=None, log=print, progress: bool = True
+    ):
         from accelerate import Accelerator
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.cfg = cfg
         self.log = log
+        self.progress = progress
         self.out = Path(cfg.output.dir)
         self.acc = accelerator or Accelerator(
             mixed_precision=cfg.train.mixed_precision,
@@ -456,7 +459,7 @@ class Trainer:
         end = c.train.steps if steps is None else min(c.train.steps, self.step + steps)
         history = []
         bar = None
-        if self.acc.is_main_process:
+        if self.acc.is_main_process and self.progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=end, initial=self.step, desc="dapo train", dynamic_ncols=True)
@@ -495,7 +498,10 @@ class Trainer:
 
     def close(self) -> None:
         """Drop the wrapped model, the optimizer and the engine, and accelerate's references to
-        them, so that the process group can really be freed (see :mod:`scale.topology`)."""
+        them, so that the process group can really be freed (see :mod:`scale.topology`). The
+        engine is shut down first, while the group it was built on still exists."""
+        if (shutdown := getattr(self.engine, "shutdown", None)) is not None:
+            shutdown()
         self.acc.free_memory()
         self.policy = self.optimizer = self.scheduler = self.engine = None
 

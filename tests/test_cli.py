@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,11 +18,11 @@ def test_help_and_version(capsys):
     assert r.returncode == 0 and "commands:" in r.stdout
 
 
-def test_missing_optional_dependency_names_the_extra(monkeypatch, capsys):
+def test_missing_optional_dependency_names_the_extra(monkeypatch, capsys, tmp_path):
     def missing(argv):
         raise ModuleNotFoundError("No module named 'scipy'", name="scipy")
 
-    monkeypatch.setitem(cli.COMMANDS, "toy", ("toy", "tests_cli_probe:run"))
+    monkeypatch.setitem(cli.COMMANDS, "toy", ("toy", "tests_cli_probe:run", "tests_cli_probe:parser"))
     monkeypatch.setitem(sys.modules, "tests_cli_probe", type(sys)("tests_cli_probe"))
     sys.modules["tests_cli_probe"].run = missing
     monkeypatch.setattr(cli, "_available", lambda target: True)
@@ -32,7 +33,15 @@ def test_missing_optional_dependency_names_the_extra(monkeypatch, capsys):
         raise ModuleNotFoundError("No module named 'dapo.nonexistent'", name="dapo.nonexistent")
 
     sys.modules["tests_cli_probe"].run = broken
-    with pytest.raises(ModuleNotFoundError):  # a real bug is not dressed up as a missing extra
+    monkeypatch.chdir(tmp_path)
+    # a real bug is not dressed up as a missing extra: one line, the traceback in a log
+    assert cli.main(["toy", "list"]) == cli.EXIT_INTERNAL
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "internal error: ModuleNotFoundError" in err
+    log = Path(err.split("traceback in ")[1].split(";")[0])
+    assert log.parent == (tmp_path / "runs/logs") and "Traceback (most recent call last)" in log.read_text()
+    monkeypatch.setenv("DAPO_DEBUG", "1")
+    with pytest.raises(ModuleNotFoundError):  # DAPO_DEBUG=1 re-raises for a debugger
         cli.main(["toy", "list"])
 
 

@@ -1,5 +1,7 @@
 import json
-import shlex
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 from scale_support import need
@@ -74,27 +76,74 @@ def test_train_refuses_without_gate_and_records_force(tmp_path, monkeypatch, cap
     assert not (out / "metrics.jsonl").exists()
 
 
-def test_launch_scripts(tmp_path, capsys):
-    script = slurm_script("qwen2.5-32b-dapo", 16, 8, ["train.steps=10"])
-    assert "#SBATCH --nodes=16" in script and "#SBATCH --gpus-per-node=8" in script
+def _fake_tools(tmp_path: Path) -> dict[str, str]:
+    """A PATH whose scontrol, srun, accelerate and torchrun only print what they were given
+    (one argument per line), so that a launch can be run as printed, variables expanded."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tools = {
+        "scontrol": 'printf "node-a\\nnode-b\\n"',
+        "srun": 'shift; "$@"',  # drop --kill-on-bad-exit=1, run the node command here
+        "accelerate": 'printf "%s\\n" accelerate "$@"',
+        "torchrun": 'printf "%s\\n" torchrun "$@"',
+    }
+    for name, body in tools.items():
+        tool = bin_dir / name
+        tool.write_text(f"#!/bin/bash\n{body}\n")
+        tool.chmod(0o755)
+    return {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "node-[a-b]",
+        "SLURM_NODEID": "1",
+    }
+
+
+def test_launch_scripts_run_as_printed(tmp_path, capsys):
+    """``bash -n`` on the SLURM script, then a dry run with stand-in tools: the variables expand
+    on the node (not quoted away) and an override with shell characters arrives intact."""
+    overrides = ["train.steps=10", "output.dir=runs/it's here"]
+    out = tmp_path / "job.sbatch"
+    assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "16", "--out", str(out), *overrides]) == 0
+    script = out.read_text()
     assert (
-        "--num_machines 16 --num_processes 128 --machine_rank $SLURM_NODEID --main_process_ip $MASTER_ADDR"
-        in script
+        script.startswith("#!/bin/bash")
+        and "#SBATCH --nodes=16" in script
+        and "#SBATCH --gpus-per-node=8" in script
     )
-    assert "-m dapo.cli train --config qwen2.5-32b-dapo --resume auto --require-gate train.steps=10" in script
-    assert "export VLLM_ENABLE_V1_MULTIPROCESSING=0" in script and "srun --kill-on-bad-exit=1" in script
+    assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
+    env = _fake_tools(tmp_path)
+    r = subprocess.run(["bash", str(out)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    argv = r.stdout.splitlines()
+    assert argv[0] == "accelerate" and argv[argv.index("--num_machines") + 1] == "16"
+    assert argv[argv.index("--num_processes") + 1] == "128"
+    assert argv[argv.index("--machine_rank") + 1] == "1"  # $SLURM_NODEID, expanded on the node
+    assert argv[argv.index("--main_process_ip") + 1] == "node-a"  # $MASTER_ADDR from scontrol
+    assert argv[-len(overrides) :] == overrides
+    assert argv[argv.index("-m") + 1 : argv.index("-m") + 6] == [
+        "dapo.cli", "train", "--config", "qwen2.5-32b-dapo", "--resume",
+    ]  # fmt: skip
+
+    for scheduler in ("torchrun", "accelerate"):
+        assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "2", "--scheduler", scheduler]) == 0
+        line = capsys.readouterr().out
+        r = subprocess.run(
+            ["bash", "-c", line],
+            capture_output=True,
+            text=True,
+            env={**env, "MASTER_ADDR": "10.1.2.3", "NODE_RANK": "0"},
+        )
+        assert r.returncode == 0, r.stderr
+        argv = r.stdout.splitlines()
+        assert argv[0] == scheduler and "$" not in r.stdout
+        assert "10.1.2.3:29500" in argv or "10.1.2.3" in argv
+
     cmd = torchrun_command("qwen2.5-32b-dapo", 2, 8, "node0", [])
     assert cmd[:6] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend"]
     assert "node0:29500" in cmd
-    assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "16", "--scheduler", "torchrun"]) == 0
-    line = capsys.readouterr().out.strip()
-    argv = shlex.split(line)
-    assert argv[argv.index("--nnodes") + 1] == "16" and "dapo.cli" in argv
     assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "3"]) == 2  # 512 groups over 24 GPUs
     assert "not divisible" in capsys.readouterr().err
-    out = tmp_path / "job.sbatch"
-    assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "16", "--out", str(out)]) == 0
-    assert out.read_text().startswith("#!/bin/bash")
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in slurm_script("qwen2.5-32b-dapo", 16, 8, [])
 
 
 def test_accelerate_configs_are_valid_yaml():

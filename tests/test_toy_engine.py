@@ -217,7 +217,7 @@ def test_split_ids_is_tensor_split():
         assert torch.equal(ids, want), (n, k)
 
 
-def test_progress_bar_draws_on_a_terminal_only():
+def test_progress_bar_on_a_terminal_and_in_a_log():
     import io
 
     from toybench.progress import Progress
@@ -228,11 +228,22 @@ def test_progress_bar_draws_on_a_terminal_only():
     bar.close()
     text = out.getvalue()
     assert "toy runs [" in text and " 50%" in text and text.endswith("\n")
-    quiet = io.StringIO()  # not a terminal: a log file or CI stays clean
+    log = io.StringIO()  # not a terminal (a CI log, nox): plain lines, no carriage returns
+    bar = Progress(10, "toy runs", delay=0.0, stream=log, log_every=0.0)
+    bar.update(4)
+    bar.update(10)  # the end is not logged: the command's own output follows
+    bar.close()
+    assert log.getvalue() == "toy runs: 40% (4/10) after 0 s, ~0 s left\n"
+    quiet = io.StringIO()  # a short run in a log writes nothing
     bar = Progress(10, "toy runs", delay=0.0, stream=quiet)
-    bar.update(10)
+    bar.update(5)
     bar.close()
     assert quiet.getvalue() == ""
+    off = io.StringIO()  # --quiet
+    bar = Progress(10, "toy runs", delay=0.0, stream=off, force=True, enabled=False)
+    bar.update(5)
+    bar.close()
+    assert off.getvalue() == ""
     late = io.StringIO()  # short runs draw nothing before the delay
     bar = Progress(10, "toy runs", delay=60.0, stream=late, force=True)
     bar.update(3)

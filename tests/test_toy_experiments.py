@@ -159,6 +159,10 @@ def test_cli_rejects_bad_arguments(capsys):
     assert "unknown experiment" in capsys.readouterr().err
     assert main(["toy", "run", "all", "--seeds", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "dapo toy run: --seeds must be >= 2 (paired intervals need at least two), got 1"
+    assert err.strip() == (
+        "dapo toy run: argument --seeds: must be >= 2 (paired intervals need at least two), got 1 "
+        "(see dapo toy run --help)"
+    )
     assert main(["toy", "ladder", "--seed-start", "-3"]) == 2
-    assert capsys.readouterr().err.strip() == "dapo toy ladder: --seed-start must be >= 0, got -3"
+    err = capsys.readouterr().err.strip()
+    assert err == "dapo toy ladder: argument --seed-start: must be >= 0, got -3 (see dapo toy ladder --help)"

@@ -7,22 +7,25 @@ import sys
 import time
 from pathlib import Path
 
+from dapo.cliargs import Int, OutDir, Parser, Text, UsageError
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dapo toy", description="Toy regime: DAPO's failure modes on a CPU.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="dapo toy", description="Toy regime: DAPO's failure modes on a CPU.")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{run,list,ladder,factorial,health}")
     run = sub.add_parser("run", help="run experiments and print their verdicts")
-    run.add_argument("experiment", help="an experiment name (see `dapo toy list`) or `all`")
+    run.add_argument("experiment", type=Text(), help="an experiment name (see `dapo toy list`) or `all`")
     _seed_args(run, 10)
-    run.add_argument("--out", type=Path, default=Path("runs/toy"), help="output directory (default runs/toy)")
-    run.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
+    _common(run, "runs/toy")
     run.add_argument(
         "--policy",
         choices=["tabular", "gru"],
         default="tabular",
         help="tabular softmax + SGD (default) or GRU + Adam",
     )
-    run.add_argument("--steps", type=int, default=None, help="override every horizon (exploration only)")
+    run.add_argument(
+        "--steps", type=Int(lo=1), default=None, help="override every experiment's horizon (exploration only)"
+    )
     run.add_argument(
         "--engine",
         choices=["batched", "loop"],
@@ -33,7 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--no-plots", action="store_true", help="skip the PNG figures even if seaborn is installed"
     )
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--brief", action="store_true", help="print only the verdicts (the full table goes to summary.json)"
+    )
     sub.add_parser("list", help="list the experiments")
     for name, help_, seeds in (
         ("ladder", "the six Table-1 presets in order on the composite task", 10),
@@ -41,46 +46,45 @@ def _parser() -> argparse.ArgumentParser:
     ):
         q = sub.add_parser(name, help=help_)
         _seed_args(q, seeds)
-        q.add_argument("--out", type=Path, default=Path(f"reports/{name}"), help=f"default reports/{name}")
-        q.add_argument("--jobs", type=int, default=None)
-        q.add_argument("--steps", type=int, default=None, help="override the 150-step horizon")
-        q.add_argument("--quiet", action="store_true", help="no progress bar")
+        _common(q, f"runs/{name}", f"; the committed report: --out reports/{name}")
+        q.add_argument(
+            "--steps", type=Int(lo=1), default=None, help="override the 150-step horizon (exploration only)"
+        )
     h = sub.add_parser("health", help="diagnose toy runs with known failure modes (confusion matrix)")
-    h.add_argument("--seeds", type=int, default=10)
-    h.add_argument("--out", type=Path, default=Path("reports/health"))
-    h.add_argument("--jobs", type=int, default=None)
+    h.add_argument(
+        "--seeds", type=Int(lo=1), default=10, help="seeds per case (default 10; one block, verdict counts)"
+    )
+    _common(h, "runs/health", "; the committed report: --out reports/health")
     return p
+
+
+def _common(p: argparse.ArgumentParser, out: str, note: str = "") -> None:
+    p.add_argument("--out", type=OutDir(), default=out, help=f"output directory (default {out}{note})")
+    p.add_argument("--jobs", type=Int(lo=1), default=None, help="worker processes (default: the CPU count)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _seed_args(p: argparse.ArgumentParser, default: int) -> None:
     p.add_argument(
         "--seeds",
-        type=int,
+        type=Int(lo=2, why="paired intervals need at least two"),
         default=default,
-        help=f"paired seeds per block (default {default}): a discovery block and a disjoint "
+        help=f"paired seeds per block, >= 2 (default {default}): a discovery block and a disjoint "
         "confirmation block are both run, and a finding must hold on both",
     )
     p.add_argument(
         "--seed-start",
-        type=int,
+        type=Int(lo=0),
         default=0,
         help="first seed of the discovery block (default 0); the confirmation block follows it",
     )
     p.add_argument("--no-confirm", action="store_true", help="run the discovery block only (exploration)")
 
 
-def _check_seeds(cmd: str, args) -> str | None:
-    if args.seeds < 2:
-        return f"dapo toy {cmd}: --seeds must be >= 2 (paired intervals need at least two), got {args.seeds}"
-    if args.seed_start < 0:
-        return f"dapo toy {cmd}: --seed-start must be >= 0, got {args.seed_start}"
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     from .experiments import REGISTRY
 
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.cmd in ("ladder", "factorial"):
         return _ladder(args, argv)
     if args.cmd == "health":
@@ -90,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         suite = run_suite(seeds=args.seeds, jobs=args.jobs)
         command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
         path = write_report(suite, args.out, command, time.perf_counter() - t0)
-        print(path.read_text())
+        from .output import markdown_as_text
+
+        print(markdown_as_text(path.read_text(), tables=1))
+        print(f"\nreport: {path}")
         return 0
     if args.cmd == "list":
         for name, e in REGISTRY.items():
@@ -101,14 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.experiment in REGISTRY:
         chosen = [REGISTRY[args.experiment]]
     else:
-        print(
-            f"dapo toy run: unknown experiment {args.experiment!r}; choose from: all, {', '.join(REGISTRY)}",
-            file=sys.stderr,
+        raise UsageError(
+            f"run: unknown experiment {args.experiment!r}; choose from: all, {', '.join(REGISTRY)}"
         )
-        return 2
-    if (err := _check_seeds("run", args)) is not None:
-        print(err, file=sys.stderr)
-        return 2
     return run(
         chosen,
         args.seeds,
@@ -121,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         confirm=not args.no_confirm,
         engine=args.engine,
         quiet=args.quiet,
+        brief=args.brief,
     )
 
 
@@ -136,6 +139,7 @@ def run(
     confirm: bool = True,
     engine: str = "batched",
     quiet: bool = False,
+    brief: bool = False,
 ) -> int:
     from .experiment import run_experiments
     from .output import format_table, write_all
@@ -155,16 +159,23 @@ def run(
     )
     wall = time.perf_counter() - t0
     total = write_all(results, out, wall)
-    print(format_table(results))
+    table = format_table(results)
+    if brief and "== verdicts" in table:
+        table = (
+            table[table.index("== verdicts") :]
+            + f"\n   (every contrast: {out}/summary.json, or run without --brief)"
+        )
+    print(table)
     print(
         f"\n{len(results)} experiment(s), {len(results[0].seeds)} seeds per arm, {total['sampled_tokens']:.0f} "
         f"sampled tokens in {wall:.1f} s wall ({total['sampled_tokens'] / wall:.0f} tokens/s); results in {out}/"
     )
     if plots:
         if plotting_available():
-            for r in results:
-                path = plot_experiment(r, out / r.experiment.name / f"{r.experiment.name}.png")
-                print(f"figure: {path}")
+            paths = [
+                plot_experiment(r, out / r.experiment.name / f"{r.experiment.name}.png") for r in results
+            ]
+            print("figures: " + ", ".join(str(p) for p in paths))
         else:
             print("figures skipped: install the report extra (pip install 'dapo-repro[report]')")
     return 0
@@ -173,10 +184,8 @@ def run(
 def _ladder(args, argv) -> int:
     from . import ladder as L
     from .ladder_report import write_factorial, write_ladder
+    from .output import markdown_as_text
 
-    if (err := _check_seeds(args.cmd, args)) is not None:
-        print(err, file=sys.stderr)
-        return 2
     result, wall = L.run(
         args.cmd,
         args.seeds,
@@ -189,6 +198,6 @@ def _ladder(args, argv) -> int:
     command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
     writer = write_ladder if args.cmd == "ladder" else write_factorial
     path = writer(result, wall, args.out, command)
-    print(path.read_text())
-    print(f"{args.cmd}: {wall:.1f} s wall; report {path}")
+    print(markdown_as_text(path.read_text(), tables=1))
+    print(f"\n{args.cmd}: {wall:.1f} s wall; full report (Markdown, figures): {path}")
     return 0

@@ -147,3 +147,39 @@ def write_all(results: list[ExperimentResult], out: Path, wall_seconds: float) -
     }
     (out / "summary.json").write_text(json.dumps(total, indent=2))
     return total
+
+
+def markdown_as_text(markdown: str, tables: int | None = None) -> str:
+    """A Markdown report as plain terminal text: headings and prose kept, tables aligned in
+    columns without pipes, images and emphasis marks dropped. ``tables`` keeps only the
+    first N tables (and the text before each)."""
+    out: list[str] = []
+    rows: list[list[str]] = []
+    seen = 0
+
+    def flush() -> None:
+        if rows:
+            widths = [max(len(r[i]) if i < len(r) else 0 for r in rows) for i in range(len(rows[0]))]
+            out.extend("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+            rows.clear()
+
+    for raw in markdown.splitlines():
+        line = raw.strip()
+        if line.startswith("|"):
+            cells = [c.strip().replace("**", "").replace("`", "") for c in line.strip("|").split("|")]
+            if all(set(c) <= set("-: ") for c in cells):
+                continue  # the header separator
+            if not rows:
+                seen += 1
+            rows.append(cells)
+            continue
+        flush()
+        if tables is not None and seen >= tables and line.startswith("#"):
+            break
+        if line.startswith("!["):
+            continue
+        out.append(line.lstrip("#").strip().replace("**", "").replace("`", ""))
+    flush()
+    while out and not out[-1]:
+        out.pop()
+    return "\n".join(out)

@@ -10,9 +10,10 @@ from typing import TextIO
 class Progress:
     """``Progress(total, label)``; ``update(done)`` with the absolute count; ``close()``.
 
-    Draws nothing for the first ``delay`` seconds (short runs stay quiet), nothing when
-    ``enabled`` is False, and only on a terminal unless ``force`` (logs and CI output stay
-    clean). Redraws at most every 0.1 s."""
+    Draws nothing for the first ``delay`` seconds (short runs stay quiet) and nothing when
+    ``enabled`` is False. On a terminal (or with ``force``) it redraws one bar at most every
+    0.1 s; elsewhere (CI logs, ``nox``) it writes a plain line every ``log_every`` seconds, so
+    that a long run is never silent and a log never fills with carriage returns."""
 
     def __init__(
         self,
@@ -23,12 +24,15 @@ class Progress:
         delay: float = 2.0,
         stream: TextIO | None = None,
         force: bool = False,
+        log_every: float = 30.0,
     ):
         self.total = max(1, total)
         self.label = label
         self.stream = stream or sys.stderr
-        self.enabled = enabled and (force or getattr(self.stream, "isatty", lambda: False)())
-        self.delay = delay
+        self.tty = force or getattr(self.stream, "isatty", lambda: False)()
+        self.enabled = enabled
+        self.delay = delay if self.tty else max(delay, log_every / 3)
+        self.log_every = log_every
         self.t0 = time.perf_counter()
         self.last = 0.0
         self.drawn = False
@@ -39,7 +43,20 @@ class Progress:
         if not self.enabled:
             return
         now = time.perf_counter()
-        if now - self.t0 < self.delay or (now - self.last < 0.1 and self.done < self.total):
+        if now - self.t0 < self.delay:
+            return
+        if not self.tty:
+            if now - self.last >= self.log_every and self.done < self.total:
+                self.last = now
+                elapsed = now - self.t0
+                frac = self.done / self.total
+                eta = f", ~{elapsed / frac - elapsed:.0f} s left" if frac > 0 else ""
+                self.stream.write(
+                    f"{self.label}: {frac:.0%} ({self.done}/{self.total}) after {elapsed:.0f} s{eta}\n"
+                )
+                self.stream.flush()
+            return
+        if now - self.last < 0.1 and self.done < self.total:
             return
         self.last = now
         frac = self.done / self.total
@@ -52,7 +69,7 @@ class Progress:
         self.drawn = True
 
     def close(self) -> None:
-        if self.drawn:
+        if self.drawn and self.tty:
             self.update(self.done)
             self.stream.write("\n")
             self.stream.flush()

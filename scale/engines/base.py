@@ -46,6 +46,9 @@ class RolloutEngine(Protocol):
     def wake(self) -> None:
         """Undo :meth:`sleep` before the next generation."""
 
+    def shutdown(self) -> None:
+        """Release the engine now (a no-op unless the engine holds processes or groups)."""
+
 
 def check_generations(out: list[list[Generation]], n_prompts: int, n: int, max_tokens: int) -> None:
     """Reject malformed engine output with a clear error instead of training on it."""

@@ -87,3 +87,6 @@ class HFEngine:
 
     def wake(self) -> None:
         pass
+
+    def shutdown(self) -> None:
+        pass

@@ -60,6 +60,7 @@ class VLLMEngine:
                 kwargs["distributed_executor_backend"] = "external_launcher"
         else:
             kwargs["enforce_eager"] = True
+        kwargs["use_tqdm_on_load"] = False  # the trainer draws its own progress
         threads = torch.get_num_threads()
         try:
             self.llm = LLM(**kwargs)
@@ -104,6 +105,15 @@ class VLLMEngine:
             result.append(gens)
         check_generations(result, len(prompts), n, max_tokens)
         return result
+
+    def shutdown(self) -> None:
+        """Stop vLLM's engine core now, while the process group it was built on still exists.
+        Left to vLLM's own exit hook, the teardown runs after ``dapo train`` has destroyed that
+        group and prints a traceback (``Invalid process group specified``)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         self.wake()

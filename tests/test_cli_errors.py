@@ -1,0 +1,191 @@
+"""The malformed invocations of issue 16, one by one: each gets one line on stderr naming
+the argument, file or field, a nonzero exit (2 for bad input), no traceback, and nothing
+half-done on stdout. The parser-level cases are fuzzed in ``test_cli_fuzz.py``; these are
+the ones only the command itself can judge (relations, file contents, config fields)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from scale_support import need
+
+from dapo import cli
+
+
+@pytest.fixture
+def metrics(tmp_path: Path) -> Path:
+    path = tmp_path / "metrics.jsonl"
+    rows = [
+        {"step": i, "actor/entropy": 1.0 - 0.01 * i, "rollout/accuracy": 0.1 + 0.005 * i} for i in range(60)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def run(capsys, argv: list[str]) -> tuple[int, str, str]:
+    rc = cli.main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err.strip()
+
+
+def one_line(err: str, *words: str) -> None:
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert len(err.splitlines()) == 1, err
+    for w in words:
+        assert w in err, f"{w!r} not in {err!r}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["toy", "run", "entropy_collapse", "--steps", "-1"], ["--steps", ">= 1"]),
+        (["toy", "run", "entropy_collapse", "--steps", "0"], ["--steps"]),
+        (["toy", "health", "--seeds", "-2"], ["--seeds"]),
+        (["toy", "ladder", "--jobs", "0"], ["--jobs"]),
+        (["toy", "run", "no_such_experiment"], ["no_such_experiment", "entropy_collapse"]),
+        (["toy", "run", "all", "--seeds", "1"], ["--seeds", ">= 2"]),
+    ],
+)
+def test_toy(capsys, tmp_path, monkeypatch, argv, words):
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(capsys, argv)
+    assert rc == 2 and out == ""
+    one_line(err, *words)
+
+
+def test_diagnose(capsys, tmp_path, metrics):
+    m = str(metrics)
+    a_file = tmp_path / "plain"
+    a_file.write_text("x")
+    bad_ref = tmp_path / "ref.json"
+    bad_ref.write_text(json.dumps({"actor/entropy": {"source": "s", "progress": [0, 1]}}))
+    cases = [
+        ([m, "--set", "entropy_fail_frac=abc"], ["entropy_fail_frac", "abc"]),
+        ([m, "--set", "entropy_fail_frac=-5"], ["entropy_fail_frac"]),
+        (
+            [m, "--set", "entropy_fail_frac=0.9"],
+            ["entropy_fail_frac", "entropy_warn_frac"],
+        ),  # fail above warn
+        ([m, "--set", "window=nan"], ["window"]),
+        ([m, "--set", "no_such=1"], ["no_such"]),
+        ([m, "--set", "window"], ["THRESHOLD=VALUE"]),
+        ([m, "--reference", str(tmp_path / "missing.json")], ["--reference", "missing.json"]),
+        ([m, "--reference", str(bad_ref)], ["--reference", "actor/entropy"]),
+        ([m, "--report", str(a_file / "sub")], ["--report"]),
+        ([m, "--format", "trl"], ["--format trl", "try --format auto"]),
+        ([str(tmp_path / "nope.jsonl")], ["nope.jsonl"]),
+    ]
+    for argv, words in cases:
+        rc, out, err = run(capsys, ["diagnose", *argv])
+        assert rc == 2 and out == "", (argv, rc, out)  # checked before any finding is printed
+        one_line(err, *words)
+    rc, out, _ = run(capsys, ["diagnose", m, "--set", "entropy_fail_frac=0.4"])
+    assert rc == 0 and "entropy" in out
+
+
+def test_plan_and_launch(capsys, tmp_path):
+    need("yaml")
+    base = ["--config", "qwen2.5-32b-dapo"]
+    cases = [
+        (["plan", *base, "--gpus", "0", "--gpu-mem", "80"], ["--gpus"]),
+        (["plan", *base, "--gpus", "-8", "--gpu-mem", "80"], ["--gpus"]),
+        (["plan", *base, "--gpus", "8", "--gpu-mem", "80", "--mfu", "5"], ["--mfu", "<= 1"]),
+        (["plan", *base, "--gpus", "8", "--gpu-mem", "-1"], ["--gpu-mem"]),
+        (["launch", *base, "--nodes", "0"], ["--nodes"]),
+        (["launch", *base, "--nodes", "-2"], ["--nodes"]),
+        (["launch", *base, "--nodes", "16", "--out", str(tmp_path)], ["--out"]),
+        (["launch", *base, "--nodes", "3"], ["not divisible"]),
+        (["plan", "--config", "no-such-preset", "--gpus", "8", "--gpu-mem", "80"], ["no-such-preset"]),
+        (["plan", *base, "--gpus", "8", "--gpu-mem", "80", "algo.eps_low=abc"], ["algo.eps_low"]),
+    ]
+    for argv, words in cases:
+        rc, out, err = run(capsys, argv)
+        assert rc == 2 and out == "", (argv, rc)
+        one_line(err, *words)
+
+
+def test_train_validate_only_config_fields(capsys, tmp_path, monkeypatch):
+    need("yaml")
+    monkeypatch.chdir(tmp_path)
+    for override, field in [
+        ("rollout.gpu_memory_utilization=abc", "rollout.gpu_memory_utilization"),
+        ("train.betas=abc", "train.betas"),
+        ("train.betas=[0.9]", "train.betas"),
+        ("output.trackers=wandb", "output.trackers"),
+        ("model.logprob_chunk=1.5", "model.logprob_chunk"),
+        ("data.eval=[1, 2]", "data.eval"),
+        ("train.mixed_precision=true", "train.mixed_precision"),
+        ("rollout.sync_timeout_s=.inf", "rollout.sync_timeout_s"),
+        ("algo.group_size=abc", "algo.group_size"),
+        ("nosection", "nosection"),
+    ]:
+        rc, out, err = run(capsys, ["train", "--config", "tiny-cpu", "--validate-only", override])
+        assert rc == 2, (override, rc, err)
+        one_line(err, field)
+    yaml_file = tmp_path / "bad.yaml"
+    yaml_file.write_text("algo: {group_size: 4\n")
+    rc, _, err = run(capsys, ["train", "--config", str(yaml_file), "--validate-only"])
+    assert rc == 2
+    one_line(err, "bad.yaml")
+    rc, _, err = run(capsys, ["train", "--config", "tiny-cpu", "--resume", str(tmp_path / "none")])
+    assert rc == 2
+    one_line(err, "--resume")
+    rc, _, err = run(capsys, ["train", "--config", "tiny-cpu", "--resume", "auto", "--fresh"])
+    assert rc == 2
+    one_line(err, "--fresh")
+    rc, out, err = run(capsys, ["train", "--config", "tiny-cpu", "--validate-only"])
+    assert rc == 0 and "config and data are valid" in out  # the preset's tiny data is built first
+
+
+def test_gate_write_malformed_summary(capsys, tmp_path):
+    need("yaml")
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("{not json")
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"experiments": {"x": {"contrasts": [{"no_role": 1}]}}}))
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    for path, words in [
+        (garbage, ["--toy-summary", "not valid JSON"]),
+        (wrong, ["wrong.json"]),
+        (listed, ["list.json"]),
+    ]:
+        rc, out, err = run(capsys, ["gate", "write", "--config", "tiny-cpu", "--toy-summary", str(path)])
+        assert rc == 2 and out == "", (path, rc, err)
+        one_line(err, *words)
+
+
+def test_eval_checks_everything_before_loading(capsys, tmp_path):
+    need("yaml")
+    data = tmp_path / "eval.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
+    model = tmp_path / "model"
+    model.mkdir()
+    cases = [
+        (["--model", str(tmp_path / "missing"), "--data", str(data)], ["--model", "missing"]),
+        (["--model", str(model), "--data", str(data)], ["--model", "config.json"]),
+        (["--model", str(tmp_path / "missing"), "--data", str(data), "--k", "-3"], ["--k"]),  # --k first
+        (["--model", "Qwen/Qwen2.5-7B", "--data", str(tmp_path / "none.jsonl")], ["--data", "none.jsonl"]),
+        (["--model", "Qwen/Qwen2.5-7B", "--data", str(data), "--top-p", "0"], ["--top-p"]),
+    ]
+    for argv, words in cases:
+        rc, out, err = run(capsys, ["eval", *argv])
+        assert rc == 2 and out == "", (argv, rc, err)
+        one_line(err, *words)
+
+
+def test_unexpected_error_is_one_line_and_a_log(capsys, tmp_path, monkeypatch):
+    """A bug (not bad input) prints one line with the log's path, exit 70."""
+    monkeypatch.chdir(tmp_path)
+
+    def boom(argv):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr("dapo.cli.resolve", lambda target: boom)
+    rc, _, err = run(capsys, ["plan"])
+    assert rc == cli.EXIT_INTERNAL
+    assert len(err.splitlines()) == 1 and "internal error: ZeroDivisionError: division by zero" in err
+    log = Path(err.split("traceback in ")[1].split(";")[0])
+    assert "Traceback (most recent call last)" in log.read_text() and "boom" in log.read_text()
