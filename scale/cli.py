@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -79,13 +80,13 @@ def train_main(argv: list[str] | None = None) -> int:
         except GateError as err:
             if not args.force:
                 print(
-                    f"dapo train: refusing to start: {err}\n(--force overrides; it is recorded in the run)",
+                    f"dapo train: refusing to start: {err} (--force overrides; it is recorded in the run)",
                     file=sys.stderr,
                 )
                 return 5
             print(f"WARNING: STARTING WITHOUT A MATCHING TOY GATE (--force): {err}", file=sys.stderr)
             gate.update({"forced": True, "reason": str(err)})
-    if args.fresh:
+    if args.fresh and os.environ.get("RANK", "0") == "0":  # one rank deletes (torchrun sets RANK)
         _clear_previous_run(Path(cfg.output.dir))
     quiet_engines(args.verbose)
     Path(cfg.output.dir).mkdir(parents=True, exist_ok=True)
@@ -143,7 +144,6 @@ def quiet_engines(verbose: bool) -> None:
     """Engine logs off unless ``--verbose``: vLLM's INFO lines and the per-sync weight-loading
     notices that read like failures (``Failed to load weights``), transformers' warnings."""
     import logging
-    import os
     import warnings
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")

@@ -189,3 +189,24 @@ def test_unexpected_error_is_one_line_and_a_log(capsys, tmp_path, monkeypatch):
     assert len(err.splitlines()) == 1 and "internal error: ZeroDivisionError: division by zero" in err
     log = Path(err.split("traceback in ")[1].split(";")[0])
     assert "Traceback (most recent call last)" in log.read_text() and "boom" in log.read_text()
+
+
+def test_fresh_deletes_only_a_previous_run(tmp_path):
+    """``dapo train --fresh`` (what ``nox -s scale_smoke`` uses to be repeatable) removes a
+    directory a run wrote, and refuses one holding anything else."""
+    need("yaml")
+    from dapo.cliargs import UsageError
+    from scale.cli import _clear_previous_run
+
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "step_000003").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("{}\n")
+    _clear_previous_run(run_dir)
+    assert not run_dir.exists()
+    _clear_previous_run(run_dir)  # nothing there: nothing to do
+    other = tmp_path / "thesis"
+    other.mkdir()
+    (other / "chapter1.tex").write_text("x")
+    with pytest.raises(UsageError, match="no dapo run wrote"):
+        _clear_previous_run(other)
+    assert (other / "chapter1.tex").exists()

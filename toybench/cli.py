@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         from .health_suite import run_suite, write_report
 
         t0 = time.perf_counter()
-        suite = run_suite(seeds=args.seeds, jobs=args.jobs)
+        suite = run_suite(seeds=args.seeds, jobs=args.jobs, progress=not args.quiet)
         command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
         path = write_report(suite, args.out, command, time.perf_counter() - t0)
         from .output import markdown_as_text

@@ -108,7 +108,10 @@ def synthetic_length_growth() -> tuple[list[dict[str, float]], list[dict[str, fl
 
 
 def run_suite(
-    results: dict[str, ExperimentResult] | None = None, seeds: int = 10, jobs: int | None = None
+    results: dict[str, ExperimentResult] | None = None,
+    seeds: int = 10,
+    jobs: int | None = None,
+    progress: bool = True,
 ) -> dict:
     """Diagnose every run of the four experiments and the fault runs; return the matrix."""
     needed = [
@@ -116,7 +119,9 @@ def run_suite(
         for n in ("entropy_collapse", "zero_gradient", "truncation_noise")
         if results is None or n not in results
     ]
-    fresh = run_experiments([*needed, FAULTS], seeds=seeds, jobs=jobs, confirm=False)  # counts, not intervals
+    fresh = run_experiments(
+        [*needed, FAULTS], seeds=seeds, jobs=jobs, confirm=False, progress=progress
+    )  # counts, not intervals
     results = {**(results or {}), **{r.experiment.name: r for r in fresh}}
     horizon = {(c.failing[0], c.failing[1]): c.horizon for c in CASES}
     horizon.update({(c.fixed[0], c.fixed[1]): c.horizon for c in CASES})
