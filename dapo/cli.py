@@ -156,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 3
+    except ImportError as err:  # an engine that names the extra it needs (scale/engines)
+        if "pip install" not in str(err):
+            return _internal(command)
+        print(f"dapo {command}: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print(f"dapo {command}: interrupted", file=sys.stderr)
         return 130

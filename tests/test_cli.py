@@ -40,6 +40,15 @@ def test_missing_optional_dependency_names_the_extra(monkeypatch, capsys, tmp_pa
     assert len(err.splitlines()) == 1 and "internal error: ModuleNotFoundError" in err
     log = Path(err.split("traceback in ")[1].split(";")[0])
     assert log.parent == (tmp_path / "runs/logs") and "Traceback (most recent call last)" in log.read_text()
+
+    def no_engine(argv):
+        raise ImportError("the vllm engine needs vLLM: pip install 'dapo-repro[vllm]' (GPU)")
+
+    sys.modules["tests_cli_probe"].run = no_engine
+    assert cli.main(["toy", "list"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert err == "dapo toy: the vllm engine needs vLLM: pip install 'dapo-repro[vllm]' (GPU)"
+    sys.modules["tests_cli_probe"].run = broken
     monkeypatch.setenv("DAPO_DEBUG", "1")
     with pytest.raises(ModuleNotFoundError):  # DAPO_DEBUG=1 re-raises for a debugger
         cli.main(["toy", "list"])
