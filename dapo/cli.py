@@ -53,6 +53,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
 }
 
+EXIT_IO = 74
+"""Exit status when the operating system refuses a file operation (BSD's EX_IOERR)."""
+
 EXIT_INTERNAL = 70
 """Exit status of an unexpected internal error (BSD's EX_SOFTWARE); the traceback is in a log."""
 
@@ -164,6 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dapo {command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as err:  # a read-only mount, a full disk, a file removed under us
+        if err.filename is None:
+            return _internal(command)
+        path = _crash_log(command)
+        print(
+            f"dapo {command}: {err.strerror or err}: {err.filename} (details in {path})",
+            file=sys.stderr,
+        )
+        return EXIT_IO
     except Exception:
         return _internal(command)
 

@@ -210,3 +210,17 @@ def test_fresh_deletes_only_a_previous_run(tmp_path):
     with pytest.raises(UsageError, match="no dapo run wrote"):
         _clear_previous_run(other)
     assert (other / "chapter1.tex").exists()
+
+
+def test_os_error_on_a_file_names_the_file(capsys, tmp_path, monkeypatch):
+    """A file the system refuses (read-only mount, full disk) is one line naming the file."""
+    monkeypatch.chdir(tmp_path)
+
+    def read_only(argv):
+        raise PermissionError(13, "Permission denied", "/mnt/ro/runs/toy/summary.json")
+
+    monkeypatch.setattr("dapo.cli.resolve", lambda target: read_only)
+    rc, _, err = run(capsys, ["plan"])
+    assert rc == cli.EXIT_IO
+    assert len(err.splitlines()) == 1
+    assert err.startswith("dapo plan: Permission denied: /mnt/ro/runs/toy/summary.json (details in ")
