@@ -162,3 +162,45 @@ def test_filtered_group_stats_known_values():
     # without overlong filtering nothing is filtered and the knob does nothing
     for mode in ("unpenalized", "excluded"):
         assert torch.equal(adv(mode, overlong_filter=False), shaped)
+
+
+# ---- leading run dimensions (the toy engine trains several seeds as one tensor) -----------
+
+
+@given(
+    runs=st.integers(2, 3),
+    groups=st.integers(1, 3),
+    g=st.integers(2, 4),
+    stats=st.sampled_from(["shaped", "unpenalized", "excluded"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_leading_run_dims_equal_one_run_at_a_time(runs, groups, g, stats, seed):
+    """group_advantages, config_advantages and uniform_groups over [R, B] equal the same
+    call run by run (each run's groups are its own)."""
+    from dapo.rewards import config_reward
+    from dapo.sampling import uniform_groups
+
+    gen = torch.Generator().manual_seed(seed)
+    n = groups * g
+    correct = torch.rand(runs, n, generator=gen) < 0.5
+    lengths = torch.randint(1, 30, (runs, n), generator=gen)
+    truncated = lengths >= 25
+    cfg = AlgoConfig(group_size=g, expected_len=20, cache_len=8, filtered_group_stats=stats)
+    rewards = config_reward(correct, lengths, cfg)
+    include = ~truncated
+    adv = group_advantages(rewards, g)
+    adv_inc = group_advantages(rewards, g, include=include)
+    cfg_adv = config_advantages(rewards, correct, lengths, truncated, g, cfg)
+    all_c, all_w = uniform_groups(correct, g)
+    all_c_t, all_w_t = uniform_groups(correct, g, truncated)
+    assert adv.shape == (runs, n) and all_c.shape == (runs, groups)
+    for r in range(runs):
+        assert torch.equal(adv[r], group_advantages(rewards[r], g))
+        assert torch.equal(adv_inc[r], group_advantages(rewards[r], g, include=include[r]))
+        assert torch.equal(
+            cfg_adv[r], config_advantages(rewards[r], correct[r], lengths[r], truncated[r], g, cfg)
+        )
+        one_c, one_w = uniform_groups(correct[r], g)
+        assert torch.equal(all_c[r], one_c) and torch.equal(all_w[r], one_w)
+        one_c, one_w = uniform_groups(correct[r], g, truncated[r])
+        assert torch.equal(all_c_t[r], one_c) and torch.equal(all_w_t[r], one_w)

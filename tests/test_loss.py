@@ -303,3 +303,45 @@ def test_shape_errors():
             agg="mean",
             **KW,
         )
+
+
+# ---- leading run dimensions (the toy engine trains several seeds as one tensor) -----------
+
+
+@given(
+    runs=st.integers(2, 3),
+    b=st.integers(1, 4),
+    t=st.integers(1, 5),
+    agg=st.sampled_from(AGG_MODES),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_leading_run_dims_equal_one_run_at_a_time(runs, b, t, agg, seed):
+    """aggregate / window_denominator over [R, B, T] give, run by run, exactly what a single
+    run [B, T] gives, values and gradients; a run with no loss token gets a zero loss (not
+    nan) and a zero gradient, without touching the other runs."""
+    g = torch.Generator().manual_seed(seed)
+    loss = torch.randn(runs, b, t, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(runs, b, t, generator=g) < 0.6
+    mask[0] = False
+    mask[-1, 0, 0] = True
+    nc = float(t)
+    denom = window_denominator(mask, agg, nc)
+    assert denom.shape == (runs,)
+    for r in range(runs):
+        assert torch.equal(denom[r], window_denominator(mask[r], agg, nc))
+    together = aggregate(loss, mask, agg, norm_const=nc)
+    explicit = aggregate(loss, mask, agg, denominator=denom)
+    assert together.shape == (runs,) and torch.equal(together, explicit)
+    assert together[0] == 0.0
+    (grad,) = torch.autograd.grad(together.sum(), loss)
+    for r in range(runs):
+        one = loss[r].detach().clone().requires_grad_(True)
+        alone = aggregate(one, mask[r], agg, norm_const=nc)
+        assert torch.allclose(together[r], alone, rtol=1e-12, atol=0.0)
+        (g_one,) = torch.autograd.grad(alone, one)
+        assert torch.allclose(grad[r], g_one, rtol=1e-12, atol=0.0)
+    assert torch.isfinite(grad).all() and (grad[0] == 0).all()
+    # a scalar denominator applies to every run alike
+    scalar = aggregate(loss, mask, agg, denominator=2.0)
+    for r in range(runs):
+        assert torch.allclose(scalar[r], aggregate(loss[r], mask[r], agg, denominator=2.0), rtol=1e-12)
