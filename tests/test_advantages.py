@@ -204,3 +204,33 @@ def test_leading_run_dims_equal_one_run_at_a_time(runs, groups, g, stats, seed):
         assert torch.equal(all_c[r], one_c) and torch.equal(all_w[r], one_w)
         one_c, one_w = uniform_groups(correct[r], g, truncated[r])
         assert torch.equal(all_c_t[r], one_c) and torch.equal(all_w_t[r], one_w)
+
+
+def test_include_path_edge_cases():
+    """The ``include`` path: all included equals the plain path (same eps, same std); equal
+    included rewards give exactly 0 even where the mean has a rounding residue; the dtype is
+    the rewards'; a mask of the wrong size is refused by name."""
+    g = 4
+    r = torch.tensor([0.3, -1.0, 0.7, 2.0, 1.0, 1.0, -1.0, 0.5], dtype=torch.float64)
+    full = torch.ones_like(r, dtype=torch.bool)
+    assert torch.allclose(group_advantages(r, g, include=full), group_advantages(r, g), rtol=1e-12, atol=0)
+    tenth = torch.tensor([0.1, 0.1, 0.1, 5.0] * 2, dtype=torch.float64)  # mean(0.1 x 3) != 0.1 in floats
+    inc = torch.tensor([True, True, True, False] * 2)
+    assert (tenth[:3].sum() / 3) != 0.1
+    assert torch.equal(group_advantages(tenth, g, include=inc), torch.zeros_like(tenth))
+    one = torch.tensor([True, False, False, False, False, False, False, False])
+    assert torch.equal(group_advantages(r, g, include=one), torch.zeros_like(r))
+    out = group_advantages(r.float(), g, include=inc)
+    assert out.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"include shape \(12,\) != rewards shape \(8,\)"):
+        group_advantages(r, g, include=torch.ones(12, dtype=torch.bool))
+
+
+def test_config_advantages_keep_the_rewards_dtype():
+    cfg = AlgoConfig(group_size=2, expected_len=20, cache_len=8, filtered_group_stats="unpenalized")
+    correct = torch.tensor([True, False, True, True])
+    lengths = torch.tensor([28, 5, 10, 12])
+    truncated = lengths >= 28
+    rewards = torch.tensor([-0.5, -1.0, 1.0, 1.0], dtype=torch.float32)
+    out = config_advantages(rewards, correct, lengths, truncated, 2, cfg)
+    assert out.dtype == torch.float32

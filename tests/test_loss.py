@@ -345,3 +345,14 @@ def test_leading_run_dims_equal_one_run_at_a_time(runs, b, t, agg, seed):
     scalar = aggregate(loss, mask, agg, denominator=2.0)
     for r in range(runs):
         assert torch.allclose(scalar[r], aggregate(loss[r], mask[r], agg, denominator=2.0), rtol=1e-12)
+
+
+def test_multi_run_loss_keeps_its_dtype_and_no_upclip_gives_nan():
+    loss = torch.randn(2, 3, 4, dtype=torch.float32)
+    mask = torch.ones(2, 3, 4, dtype=torch.bool)
+    for agg in AGG_MODES:
+        assert aggregate(loss, mask, agg, norm_const=4.0).dtype == torch.float32
+    logp = torch.zeros(2, 3)
+    adv = torch.tensor([1.0, -1.0])
+    _, stats = policy_loss(logp, logp, adv, torch.ones(2, 3, dtype=torch.bool), agg="token-mean", **KW)
+    assert math.isnan(float(stats["upclip_old_prob"]))  # no up-clipped token: undefined, not 0

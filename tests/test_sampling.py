@@ -181,3 +181,22 @@ def test_uniform_groups_can_leave_truncated_responses_out():
     b = RolloutBatch(**{**b.__dict__, "correct": correct[:8], "truncated": truncated[:8]})
     s.add(b)
     assert s.accepted_groups == 0 and s.rejected_all_correct == 2
+
+
+def test_uniform_groups_counts_only_terminated_correct_answers():
+    """With ``truncated``: a truncated correct answer does not make its group all-correct or
+    rescue it from all-wrong (known values)."""
+    from dapo.sampling import uniform_groups
+
+    correct = torch.tensor([False, True, True, False, True, True])
+    truncated = torch.tensor([False, True, False, True, False, False])
+    all_c, all_w = uniform_groups(correct, 2, truncated)
+    assert all_c.tolist() == [False, True, True] and all_w.tolist() == [True, False, False]
+
+
+def test_for_config_uses_a_given_target():
+    from dapo import AlgoConfig
+
+    cfg = AlgoConfig(train_groups=8, mini_batch_groups=8, group_size=2)
+    assert DynamicSampler.for_config(cfg).target_groups == 8
+    assert DynamicSampler.for_config(cfg, target_groups=3).target_groups == 3
