@@ -122,9 +122,10 @@ def _references(spec: str) -> dict[str, ReferenceCurve]:
         return {}
     if spec == "paper":
         return PAPER_REFERENCES
-    path = InFile("json")(spec) if Path(spec).exists() else None
-    if path is None:
-        raise UsageError(f"--reference: expected 'paper', 'none' or a JSON file; no such file: {spec!r}")
+    try:
+        path = InFile("json")(spec)
+    except argparse.ArgumentTypeError as err:
+        raise UsageError(f"--reference: expected 'paper', 'none' or a JSON file; {err}") from None
     data = json.loads(path.read_text())
     if not isinstance(data, dict):
         raise UsageError(f"--reference {spec}: expected a JSON object of metric -> curve")

@@ -163,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from dapo.cliargs import UsageError
+
     from .config import load_for_cli
 
     cfg = load_for_cli("dapo launch", args.config, args.overrides)
@@ -180,30 +182,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in ENV.items())
-    if args.scheduler == "slurm":
-        text = slurm_script(
-            args.config, args.nodes, args.gpus_per_node, args.overrides, args.partition, args.hours
-        )
-    elif args.scheduler == "torchrun":
-        text = (
-            env
-            + " "
-            + shell_line(
-                torchrun_command(args.config, args.nodes, args.gpus_per_node, args.master, args.overrides)
+    try:  # an override the shell cannot carry with its $VARs intact is refused by name
+        if args.scheduler == "slurm":
+            text = slurm_script(
+                args.config, args.nodes, args.gpus_per_node, args.overrides, args.partition, args.hours
             )
-            + "\n"
-        )
-    else:
-        text = (
-            env
-            + " "
-            + shell_line(
-                accelerate_command(
+        else:
+            words = (
+                torchrun_command(args.config, args.nodes, args.gpus_per_node, args.master, args.overrides)
+                if args.scheduler == "torchrun"
+                else accelerate_command(
                     args.config, args.nodes, args.gpus_per_node, args.rank, args.master, args.overrides
                 )
             )
-            + "\n"
-        )
+            text = f"{env} {shell_line(words)}\n"
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     if args.out:
         args.out.write_text(text)
         print(f"wrote {args.out}")

@@ -73,6 +73,7 @@ def test_diagnose(capsys, tmp_path, metrics):
         ([m, "--set", "window"], ["THRESHOLD=VALUE"]),
         ([m, "--reference", str(tmp_path / "missing.json")], ["--reference", "missing.json"]),
         ([m, "--reference", str(bad_ref)], ["--reference", "actor/entropy"]),
+        ([m, "--reference", str(a_file)], ["--reference", "not valid JSON"]),
         ([m, "--report", str(a_file / "sub")], ["--report"]),
         ([m, "--format", "trl"], ["--format trl", "try --format auto"]),
         ([str(tmp_path / "nope.jsonl")], ["nope.jsonl"]),
@@ -97,6 +98,7 @@ def test_plan_and_launch(capsys, tmp_path):
         (["launch", *base, "--nodes", "-2"], ["--nodes"]),
         (["launch", *base, "--nodes", "16", "--out", str(tmp_path)], ["--out"]),
         (["launch", *base, "--nodes", "3"], ["not divisible"]),
+        (["launch", *base, "--nodes", "16", 'output.dir=$HOME/"x"'], ["cannot quote", "$HOME"]),
         (["plan", "--config", "no-such-preset", "--gpus", "8", "--gpu-mem", "80"], ["no-such-preset"]),
         (["plan", *base, "--gpus", "8", "--gpu-mem", "80", "algo.eps_low=abc"], ["algo.eps_low"]),
     ]
