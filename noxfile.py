@@ -5,6 +5,7 @@
     nox -s report       toy reports: health diagnosis of the toy runs, the health suite
     nox -s scale_smoke  a tiny random Qwen2 through accelerate + vLLM on CPU: train, eval
     nox -s scale        the full run from a config (GPUs); refuses without the toy gate
+    nox -s losses       every built-in, verl and TRL policy loss through the failure modes -> reports/losses/
     nox -s bench_toy    the toy speed benchmark -> benchmarks/results/toy_speed.json
     nox -s mutation     on demand, not in CI: seeded bugs + mutmut -> reports/mutation/
     nox -s lint         ruff (lint + format check) and mypy (strict on dapo/); CI runs it
@@ -37,10 +38,18 @@ CPU_ENV = {
 EXPERIMENTS = ("entropy_collapse", "zero_gradient", "length_bias", "truncation_noise")
 
 
+# The peers whose losses `dapo toy check` runs. Their own pins (verl: transformers<5.11) clash
+# with vLLM's, so they go in without dependencies; the `peers` extra holds what their
+# imports need.
+PEERS = ("verl==0.9.1", "trl==1.16.0")
+
+
 def _install(session: nox.Session, extras: str) -> None:
     session.log(f"installing {TORCH} and .[{extras}] (the first time: minutes, pip is quiet meanwhile)")
     session.install(TORCH)
     session.install("-e", f".[{extras}]")
+    if "peers" in extras:
+        session.install("--no-deps", *PEERS)
     if "scale-cpu" in extras:
         session.run("python", "-m", "pip", "uninstall", "-y", "-q", *UNUSED)
 
@@ -58,8 +67,17 @@ def _config(session: nox.Session, default: str) -> tuple[str, list[str]]:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Every test: core, toy regime, health, planner and the scale trainer on CPU (vLLM included)."""
-    _install(session, "dev,scale,scale-cpu")
-    session.run("pytest", "-q", *session.posargs, env={"DAPO_REQUIRE_SCALE": "1", **CPU_ENV})
+    _install(session, "dev,scale,scale-cpu,peers")
+    env = {"DAPO_REQUIRE_SCALE": "1", "DAPO_REQUIRE_PEERS": "1", **CPU_ENV}
+    session.run("pytest", "-q", *session.posargs, env=env)
+
+
+@nox.session
+def losses(session: nox.Session) -> None:
+    """`dapo toy check --all`: every built-in, verl and TRL loss -> reports/losses/."""
+    _install(session, "toy,report,peers")
+    out = session.posargs[0] if session.posargs else "reports/losses"
+    session.run("dapo", "toy", "check", "--all", "--out", out, success_codes=[0, 1])
 
 
 @nox.session

@@ -166,7 +166,45 @@ def policy_loss(
         per_token = per_token * is_weights.detach().to(per_token.dtype)
     loss = aggregate(per_token, mask, agg, denominator=agg_denominator, norm_const=norm_const)
 
+    stats = ratio_stats(
+        logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, dual=dual, log_ratio=log_ratio
+    )
+    return loss, stats
+
+
+def ratio_stats(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual: Tensor | None = None,
+    log_ratio: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """The detached token statistics of :func:`policy_loss`, for any policy loss.
+
+    Measured on the token ratio ``r = exp(logp - old_logp)`` against the clip range
+    ``[1 - eps_low, 1 + eps_high]`` whatever the loss does with it (a loss that clips a
+    sequence-level ratio, or none, still gets the token-level diagnostics of Eq. 10):
+    ``clipfrac_upper``, ``clipfrac_lower``, ``dual_clipfrac`` (from ``dual``, the tokens
+    a dual clip capped; zero when None), ``upclip_old_prob``, ``approx_kl``,
+    ``ratio_mean``, ``n_tokens`` and ``n_upclip``. Shapes as in :func:`policy_loss`;
+    ``log_ratio``, the clamped ``logp - old_logp`` when the caller has it, saves its
+    recomputation."""
+    mask = mask.bool()
+    adv = advantages.to(logp.dtype)
+    if adv.shape == logp.shape[:-1]:
+        adv = adv.unsqueeze(-1).expand_as(logp)
+    if dual is None:
+        dual = torch.zeros_like(mask)
     with torch.no_grad():
+        if log_ratio is None:
+            log_ratio = torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        log_ratio = log_ratio.detach()
+        old = old_logp.detach()
+        ratio = torch.exp(log_ratio)
         # one stacked reduction instead of one per statistic (this runs per micro-batch)
         up = mask & (adv > 0) & (ratio > 1.0 + eps_high)
         low = mask & (adv < 0) & (ratio < 1.0 - eps_low)
@@ -178,7 +216,7 @@ def policy_loss(
                     up.to(torch.float64),
                     low.to(torch.float64),
                     (dual & mask).to(torch.float64),
-                    torch.where(up, old_logp, torch.full_like(old_logp, -math.inf)).exp().to(torch.float64),
+                    torch.where(up, old, torch.full_like(old, -math.inf)).exp().to(torch.float64),
                     torch.where(mask, ratio - 1.0 - log_ratio, torch.zeros_like(ratio)).to(torch.float64),
                     torch.where(mask, ratio, torch.zeros_like(ratio)).to(torch.float64),
                 ]
@@ -200,4 +238,4 @@ def policy_loss(
             "n_tokens": n,
             "n_upclip": n_up,
         }
-    return loss, stats
+    return stats

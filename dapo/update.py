@@ -74,6 +74,7 @@ def update(
     backward: Callable[[Tensor], None] | None = None,
     clip_grad_norm: Callable[[float], Tensor] | None = None,
     generator: torch.Generator | None = None,
+    loss_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]] = policy_loss,
 ) -> dict[str, float]:
     """Run ``cfg.ppo_epochs`` x (batch groups / ``cfg.mini_batch_groups``) optimizer steps.
 
@@ -89,7 +90,8 @@ def update(
     ``accelerator.backward``), ``clip_grad_norm(max_norm) -> total_norm`` to
     ``torch.nn.utils.clip_grad_norm_`` over the optimizer's parameters (pass the FSDP
     one). ``generator`` shuffles groups between windows each epoch; None keeps batch
-    order. Returns the ``actor/*`` and ``mismatch/*`` metrics of ``dapo.metrics.SCHEMA``.
+    order. ``loss_fn`` is the policy loss (any :class:`dapo.losses.PolicyLossFn`; it gets
+    ``is_weights`` only when ``cfg.tis_cap`` is set). Returns the ``actor/*`` and ``mismatch/*`` metrics of ``dapo.metrics.SCHEMA``.
     """
     out: dict[str, float] = {"actor/optimizer_steps": 0.0, "actor/skipped_steps": 0.0}
     if batch is None or batch.size == 0:
@@ -149,7 +151,8 @@ def update(
                 mb = batch.select(idx)
                 res = logp_fn(mb)
                 logp, entropy = (res.logp, res.entropy) if isinstance(res, LogProbs) else res
-                loss, stats = policy_loss(
+                extra = {} if weights is None else {"is_weights": weights[idx]}
+                loss, stats = loss_fn(
                     logp,
                     mb.old_logp,
                     advantages[idx],
@@ -159,8 +162,8 @@ def update(
                     clip_ratio_c=cfg.clip_ratio_c,
                     agg=cfg.loss_agg,
                     agg_denominator=denom,
-                    is_weights=None if weights is None else weights[idx],
                     norm_const=cfg.norm_const,
+                    **extra,
                 )
                 bad = torch.tensor(0.0 if torch.isfinite(loss) else 1.0, device=loss.device)
                 if float(dp.sum(bad)) > 0:  # every rank skips together

@@ -7,12 +7,12 @@ import sys
 import time
 from pathlib import Path
 
-from dapo.cliargs import Int, OutDir, Parser, Text, UsageError
+from dapo.cliargs import Int, OutDir, OutFile, Parser, Text, UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="dapo toy", description="Toy regime: DAPO's failure modes on a CPU.")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{run,list,ladder,factorial,health}")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{run,list,check,ladder,factorial,health}")
     run = sub.add_parser("run", help="run experiments and print their verdicts")
     run.add_argument("experiment", type=Text(), help="an experiment name (see `dapo toy list`) or `all`")
     _seed_args(run, 10)
@@ -40,6 +40,54 @@ def build_parser() -> argparse.ArgumentParser:
         "--brief", action="store_true", help="print only the verdicts (the full table goes to summary.json)"
     )
     sub.add_parser("list", help="list the experiments")
+    c = sub.add_parser(
+        "check",
+        help="does a policy loss protect against each failure mode? (this project's, verl's, TRL's or yours)",
+    )
+    c.add_argument(
+        "loss",
+        nargs="*",
+        type=Text(),
+        help="loss specs: a built-in (dapo, grpo, dr_grpo, gspo, cispo, clip_cov, kl_cov), verl:NAME, "
+        "trl:LOSS_TYPE or module:function, optionally with parameters NAME[key=value,...]",
+    )
+    c.add_argument(
+        "--all",
+        action="store_true",
+        help="every built-in loss, and every verl and TRL loss with a recipe when the peers are installed",
+    )
+    c.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        type=Text(),
+        metavar="KNOB=VALUE",
+        help="override a loss knob for every candidate (eps_low, eps_high, clip_ratio_c, loss_agg); repeatable",
+    )
+    c.add_argument(
+        "--claims",
+        type=Text(),
+        default=None,
+        help="comma-separated failure modes the loss claims to fix (entropy_collapse, zero_gradient, "
+        "length_bias, truncation_noise), or `none`; default: each loss's own claims",
+    )
+    c.add_argument(
+        "--modes",
+        type=Text(),
+        default=",".join(("entropy_collapse", "zero_gradient", "length_bias", "truncation_noise")),
+        help="comma-separated failure modes to run (default: all four)",
+    )
+    _seed_args(c, 10)
+    c.add_argument("--json", type=OutFile(), default=None, help="also write the results as JSON to this file")
+    c.add_argument(
+        "--out",
+        type=OutDir(),
+        default=None,
+        help="write a report directory (README.md, results.json, heatmap.png); the committed one: "
+        "--all --out reports/losses",
+    )
+    c.add_argument("--jobs", type=Int(lo=1), default=None, help="worker processes (default: the CPU count)")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
     for name, help_, seeds in (
         ("ladder", "the six Table-1 presets in order on the composite task", 10),
         ("factorial", "all 2^5 combinations of the five techniques", 5),
@@ -99,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_as_text(path.read_text(), tables=1))
         print(f"\nreport: {path}")
         return 0
+    if args.cmd == "check":
+        from .check_cli import main as check_main
+
+        return check_main(args, argv)
     if args.cmd == "list":
         for name, e in REGISTRY.items():
             print(f"{name:<18} {e.title}\n{'':<18} {e.paper}; arms: {', '.join(e.arms)}")

@@ -40,12 +40,12 @@ from dapo import (
     config_advantages,
     config_reward,
     masked_mean,
-    policy_loss,
     rollout_stats,
     uniform_groups,
 )
 from dapo.loss import window_denominator
 
+from .losses import resolve as resolve_loss
 from .policies import (
     EOS,
     TabularPolicy,
@@ -107,8 +107,9 @@ def train_many(specs: Sequence[RunSpec], progress: Callable[[int], None] | None 
 class _Members:
     """Runs that share the scalar knobs of one batched core call."""
 
-    def __init__(self, cfg: AlgoConfig, members: list[int], n_runs: int):
+    def __init__(self, cfg: AlgoConfig, members: list[int], n_runs: int, loss: str = "dapo"):
         self.cfg = cfg
+        self.loss_fn = resolve_loss(loss).fn
         self.index = None if len(members) == n_runs else torch.tensor(members)
 
     def pick(self, x: Tensor) -> Tensor:
@@ -148,7 +149,8 @@ class _Engine:
         self.q_best = task.quality.argmax(1, keepdim=True)
         self.q_worst = task.quality.argmin(1, keepdim=True)
         self.groups = {
-            name: [_Members(c, m, R) for c, m in g] for name, g in _config_groups(self.cfgs).items()
+            name: [_Members(c, m, R, loss) for c, loss, m in g]
+            for name, g in _config_groups(self.cfgs, [s.loss for s in specs]).items()
         }
         cfgs = self.cfgs
         self.max_rounds = torch.tensor([c.max_gen_rounds for c in cfgs])
@@ -422,7 +424,7 @@ class _Engine:
                 total = torch.zeros((), dtype=torch.float64)
                 for grp in self.groups["loss"]:
                     c = grp.cfg
-                    li, si = policy_loss(
+                    li, si = grp.loss_fn(
                         grp.pick(logp),
                         grp.pick(old_logp[:, rows]),
                         grp.pick(adv[:, rows]),
@@ -597,8 +599,11 @@ def _slots(
     return rows, valid
 
 
-def _config_groups(cfgs: list[AlgoConfig]) -> dict[str, list[tuple[AlgoConfig, list[int]]]]:
-    """Runs grouped by the knobs each batched core call takes as scalars."""
+def _config_groups(
+    cfgs: list[AlgoConfig], losses: list[str]
+) -> dict[str, list[tuple[AlgoConfig, str, list[int]]]]:
+    """Runs grouped by the knobs each batched core call takes as scalars (and, for the
+    loss, by the policy loss each run uses)."""
     keys: dict[str, Callable[[AlgoConfig], tuple]] = {
         "reward": lambda c: (c.soft_overlong, c.expected_len, c.cache_len, c.overlong_penalty_factor),
         "advantage": lambda c: (
@@ -612,12 +617,13 @@ def _config_groups(cfgs: list[AlgoConfig]) -> dict[str, list[tuple[AlgoConfig, l
         ),
         "loss": lambda c: (c.eps_low, c.eps_high, c.clip_ratio_c, c.loss_agg, c.norm_const),
     }
-    out: dict[str, list[tuple[AlgoConfig, list[int]]]] = {}
+    out: dict[str, list[tuple[AlgoConfig, str, list[int]]]] = {}
     for name, key in keys.items():
         groups: dict[tuple, list[int]] = {}
-        first: dict[tuple, AlgoConfig] = {}
-        for r, c in enumerate(cfgs):
-            groups.setdefault(key(c), []).append(r)
-            first.setdefault(key(c), c)
-        out[name] = [(first[k], members) for k, members in groups.items()]
+        first: dict[tuple, tuple[AlgoConfig, str]] = {}
+        for r, (c, loss) in enumerate(zip(cfgs, losses)):
+            k = (*key(c), loss) if name == "loss" else key(c)
+            groups.setdefault(k, []).append(r)
+            first.setdefault(k, (c, loss))
+        out[name] = [(*first[k], members) for k, members in groups.items()]
     return out

@@ -31,6 +31,8 @@ class Arm:
     task_kwargs: dict[str, Any] = field(default_factory=dict)
     faults: dict[str, Any] = field(default_factory=dict)
     """Fault injection passed to :class:`RunSpec` (``engine_noise``, ``nan_steps``)."""
+    loss: str = "dapo"
+    """The policy loss (a :func:`toybench.losses.resolve` spec; see ``dapo toy check``)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Experiment:
             seed=seed,
             policy=policy,
             task_kwargs=dict(a.task_kwargs),
+            loss=a.loss,
             **a.faults,
         )
 

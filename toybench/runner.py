@@ -11,6 +11,7 @@ import torch
 
 from dapo import AlgoConfig, DynamicSampler, RolloutBatch, SamplingWarning, config_reward, update
 
+from .losses import resolve as resolve_loss
 from .policies import POLICIES, TabularPolicy, ToyPolicy
 from .tasks import TASKS, TokenTask, episode_end, verify
 
@@ -41,6 +42,9 @@ class RunSpec:
     nan_steps: tuple[int, ...] = ()
     """Fault injection for health checks: steps whose new log-probs are NaN (a numerical
     fault the update must skip)."""
+    loss: str = "dapo"
+    """The policy loss, a spec of :func:`toybench.losses.resolve` (``dapo`` is
+    :func:`dapo.loss.policy_loss`; the clip and aggregation knobs still come from ``cfg``)."""
 
 
 def make_task(spec: RunSpec) -> TokenTask:
@@ -165,7 +169,7 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
                 }
             )
         m.update(sampler.metrics())
-        m.update(update(batch, logp_fn, optimizer, cfg))
+        m.update(update(batch, logp_fn, optimizer, cfg, loss_fn=resolve_loss(spec.loss).fn))
         totals["responses"] += m["sampling/generated_groups"] * cfg.group_size
         totals["tokens"] += m["sampling/generated_tokens"]
         totals["opt_steps"] += m["actor/optimizer_steps"]

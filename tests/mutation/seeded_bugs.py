@@ -51,8 +51,8 @@ BUGS = [
     Bug(
         "TIS weights computed but never passed to the loss",
         "dapo/update.py",
-        "is_weights=None if weights is None else weights[idx],",
-        "is_weights=None,",
+        'extra = {} if weights is None else {"is_weights": weights[idx]}',
+        "extra = {}",
         True,
     ),
     Bug(

@@ -1,0 +1,296 @@
+"""Successor policy losses behind DAPO's loss interface, and the interface itself.
+
+A *policy loss* is any callable with the signature of :func:`dapo.loss.policy_loss`::
+
+    fn(logp, old_logp, advantages, mask, *, eps_low, eps_high, clip_ratio_c, agg,
+       agg_denominator, norm_const) -> (loss, stats)
+
+``logp``/``old_logp``/``mask`` are [B, T] (or [..., B, T] for a loss that handles
+leading run dimensions; wrap any other in :func:`per_run`), ``advantages`` [B] or
+[B, T], and ``loss`` a scalar to minimise. ``stats`` holds the keys of
+:func:`dapo.loss.ratio_stats`; the four losses below return exactly those. Each cites the
+equation it implements and matches verl 0.9.1's implementation of the same name on
+values and gradients (``tests/test_losses.py``); where verl departs from its paper the
+docstring says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from .loss import LOG_RATIO_CLAMP, aggregate, ratio_stats
+
+GSPO_LOG_RATIO_MAX = 10.0
+"""GSPO's log sequence ratio is clamped above before exponentiating (as verl)."""
+
+
+class PolicyLossFn(Protocol):
+    """The loss interface (see the module docstring)."""
+
+    def __call__(
+        self,
+        logp: Tensor,
+        old_logp: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        *,
+        eps_low: float,
+        eps_high: float,
+        clip_ratio_c: float | None = None,
+        agg: str = "token-mean",
+        agg_denominator: Tensor | float | None = None,
+        norm_const: float | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]: ...
+
+
+def _token_adv(advantages: Tensor, logp: Tensor) -> Tensor:
+    adv = advantages.to(logp.dtype)
+    if adv.shape == logp.shape[:-1]:
+        adv = adv.unsqueeze(-1).expand_as(logp)
+    if adv.shape != logp.shape:
+        raise ValueError(
+            f"advantages shape {tuple(advantages.shape)} fits neither [B] nor [B, T] = {tuple(logp.shape)}"
+        )
+    return adv
+
+
+def _check_shapes(logp: Tensor, old_logp: Tensor, mask: Tensor) -> None:
+    if logp.shape != old_logp.shape or logp.shape != mask.shape:
+        raise ValueError(
+            f"shape mismatch: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, "
+            f"mask {tuple(mask.shape)}"
+        )
+
+
+def gspo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    clip_ratio_c: float | None = None,
+    agg: str = "seq-mean-token-mean",
+    agg_denominator: Tensor | float | None = None,
+    norm_const: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO (Zheng et al. 2025, arXiv:2507.18071): the clipped surrogate on the
+    length-normalised *sequence* ratio (Eq. 5-7), in its GSPO-token form (Eq. 13-14)::
+
+        s_i     = exp(mean_t (logp_it - old_logp_it))            (Eq. 7)
+        s_it    = sg[s_i] * pi(y_it) / sg[pi(y_it)]              (Eq. 14)
+        l_it    = max(-A_it s_it, -A_it clip(s_it, 1 - eps_low, 1 + eps_high))
+
+    With a per-response advantage and ``seq-mean-token-mean`` (the paper's 1/G sum over
+    responses of a per-response term) this is GSPO's gradient exactly; other ``agg`` modes
+    reweight responses (verl allows them too). The paper clips at 3e-4 / 4e-4.
+    ``clip_ratio_c`` is not used (no dual clip in GSPO). Leading run dimensions allowed.
+    """
+    _check_shapes(logp, old_logp, mask)
+    mask = mask.bool()
+    adv = _token_adv(advantages, logp)
+    old_logp = old_logp.detach()
+    token_log_ratio = torch.where(mask, logp - old_logp, torch.zeros_like(logp))
+    seq_log_ratio = token_log_ratio.sum(-1) / mask.sum(-1).clamp(min=1).to(logp.dtype)
+    log_s = logp - logp.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    s = torch.exp(log_s.clamp(max=GSPO_LOG_RATIO_MAX))
+    per_token = torch.maximum(-adv * s, -adv * s.clamp(1.0 - eps_low, 1.0 + eps_high))
+    loss = aggregate(per_token, mask, agg, denominator=agg_denominator, norm_const=norm_const)
+    return loss, ratio_stats(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high)
+
+
+def cispo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    clip_ratio_c: float | None = None,
+    agg: str = "token-mean",
+    agg_denominator: Tensor | float | None = None,
+    norm_const: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1, arXiv:2506.13585, Eq. 4-5): clip the importance-sampling
+    *weight* and detach it, so every token keeps a REINFORCE gradient::
+
+        r_it = exp(clamp(logp_it - old_logp_it, -20, 20))
+        l_it = -sg[clip(r_it, 1 - eps_low, 1 + eps_high)] * A_it * logp_it
+
+    No token is dropped from the gradient, clipped or not (PPO's clip zeroes the gradient
+    of a token beyond the bound). The paper aggregates by ``token-mean`` and sets no lower
+    bound (a large eps_low). ``clip_ratio_c`` is not used. Leading run dimensions allowed.
+    """
+    _check_shapes(logp, old_logp, mask)
+    mask = mask.bool()
+    adv = _token_adv(advantages, logp)
+    old_logp = old_logp.detach()
+    log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    weight = torch.exp(log_ratio).clamp(1.0 - eps_low, 1.0 + eps_high).detach()
+    per_token = -weight * adv * logp
+    loss = aggregate(per_token, mask, agg, denominator=agg_denominator, norm_const=norm_const)
+    stats = ratio_stats(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, log_ratio=log_ratio)
+    return loss, stats
+
+
+def _token_cov(adv: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
+    """Per-token centred covariance term (A - mean A)(logp - mean logp), means over the
+    batch's loss tokens (Cui et al. 2025, Eq. 12)."""
+    m = mask.to(logp.dtype)
+    n = m.sum().clamp(min=1)
+    mean_a = (adv * m).sum() / n
+    mean_lp = (logp.detach() * m).sum() / n
+    return (adv - mean_a) * (logp.detach() - mean_lp)
+
+
+def clip_cov_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    clip_ratio_c: float | None = None,
+    agg: str = "token-mean",
+    agg_denominator: Tensor | float | None = None,
+    norm_const: float | None = None,
+    clip_cov_ratio: float = 2e-4,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning Language
+    Models", arXiv:2505.22617, Eq. 12-13): entropy falls by the covariance of log-prob
+    and advantage, so the gradient of a few high-covariance tokens is detached.
+
+    Per token the PPO term of Eq. 10 (``max(-A r, -A clip(r))``); then, among loss tokens
+    the clip did not already bound whose covariance term (:func:`_token_cov`) lies in
+    ``(clip_cov_lb, clip_cov_ub)``, ``max(1, int(clip_cov_ratio * n_tokens))`` are drawn
+    at random (``torch.randperm``, from ``generator`` or the global RNG as verl does) and
+    their loss is multiplied by 0. One [B, T] batch: wrap in :func:`per_run` for runs.
+    """
+    _check_shapes(logp, old_logp, mask)
+    if logp.dim() != 2:
+        raise ValueError("clip_cov_loss takes one [B, T] batch; wrap it in dapo.losses.per_run")
+    if not clip_cov_ratio > 0:
+        raise ValueError(f"clip_cov_ratio must be > 0, got {clip_cov_ratio}")
+    mask = mask.bool()
+    adv = _token_adv(advantages, logp)
+    old_logp = old_logp.detach()
+    ratio = torch.exp(logp - old_logp)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    clipped_by_origin = (clipped > unclipped) & mask
+    cov = _token_cov(adv, logp, mask)
+    eligible = (cov > clip_cov_lb) & (cov < clip_cov_ub) & mask & ~clipped_by_origin
+    n_pick = max(int(clip_cov_ratio * int(mask.sum())), 1)
+    idx = eligible.nonzero()
+    corr = torch.ones_like(logp)
+    if len(idx) > 0:
+        idx = idx[torch.randperm(len(idx), generator=generator)[: min(n_pick, len(idx))]]
+        corr[idx[:, 0], idx[:, 1]] = 0.0
+    per_token = torch.maximum(unclipped, clipped) * corr
+    loss = aggregate(per_token, mask, agg, denominator=agg_denominator, norm_const=norm_const)
+    return loss, ratio_stats(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high)
+
+
+def kl_cov_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float,
+    eps_high: float,
+    clip_ratio_c: float | None = None,
+    agg: str = "token-mean",
+    agg_denominator: Tensor | float | None = None,
+    norm_const: float | None = None,
+    kl_cov_ratio: float = 2e-4,
+    ppo_kl_coef: float = 0.1,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """KL-Cov (Cui et al. 2025, arXiv:2505.22617, Eq. 14): no ratio clip at all; the
+    ``max(1, int(kl_cov_ratio * n_tokens))`` loss tokens with the *largest* covariance
+    term (:func:`_token_cov`) get a penalty ``ppo_kl_coef * |logp - old_logp|``::
+
+        l_it = -A_it r_it  (+ ppo_kl_coef * |log r_it|  for the top-k tokens)
+
+    ``eps_low``/``eps_high`` only feed the diagnostics. ``ppo_kl_coef`` defaults to
+    verl's config default (0.1). One [B, T] batch: wrap in :func:`per_run` for runs.
+    """
+    _check_shapes(logp, old_logp, mask)
+    if logp.dim() != 2:
+        raise ValueError("kl_cov_loss takes one [B, T] batch; wrap it in dapo.losses.per_run")
+    if not kl_cov_ratio > 0:
+        raise ValueError(f"kl_cov_ratio must be > 0, got {kl_cov_ratio}")
+    mask = mask.bool()
+    adv = _token_adv(advantages, logp)
+    old_logp = old_logp.detach()
+    log_ratio = logp - old_logp
+    per_token = -adv * torch.exp(log_ratio)
+    n_valid = int(mask.sum())
+    if n_valid > 0:
+        cov = _token_cov(adv, logp, mask)[mask]
+        k = max(1, int(n_valid * kl_cov_ratio))
+        top = torch.topk(cov, k, largest=True).indices
+        valid_idx = mask.reshape(-1).nonzero().squeeze(-1)[top]
+        penalty = torch.zeros(per_token.numel(), dtype=per_token.dtype)
+        penalty[valid_idx] = ppo_kl_coef
+        per_token = per_token + penalty.view_as(per_token) * log_ratio.abs()
+    loss = aggregate(per_token, mask, agg, denominator=agg_denominator, norm_const=norm_const)
+    return loss, ratio_stats(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high)
+
+
+def per_run(fn: Callable[..., Any]) -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
+    """Lift a loss over one [B, T] batch to [..., B, T]: one call per leading index, the
+    losses and stats stacked into [...] (the gradient of their sum is each run's own).
+
+    A loss that returns a bare tensor, or stats without :func:`dapo.loss.ratio_stats`'s
+    keys, gets those keys measured on its inputs. ``agg_denominator`` of shape [...] is
+    handed out one value per call."""
+
+    def lifted(
+        logp: Tensor,
+        old_logp: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        *,
+        eps_low: float,
+        eps_high: float,
+        agg_denominator: Tensor | float | None = None,
+        **kw: Any,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        _check_shapes(logp, old_logp, mask)
+
+        def one(
+            lp: Tensor, old: Tensor, adv: Tensor, m: Tensor, den: Any
+        ) -> tuple[Tensor, dict[str, Tensor]]:
+            out = fn(lp, old, adv, m, eps_low=eps_low, eps_high=eps_high, agg_denominator=den, **kw)
+            loss, stats = out if isinstance(out, tuple) else (out, {})
+            if not isinstance(loss, Tensor) or loss.dim() != 0:
+                raise TypeError(f"a policy loss must return a scalar tensor, got {type(loss).__name__}")
+            base = ratio_stats(lp, old, adv, m, eps_low=eps_low, eps_high=eps_high)
+            return loss, {k: stats.get(k, v) if isinstance(stats, dict) else v for k, v in base.items()}
+
+        if logp.dim() == 2:
+            return one(logp, old_logp, advantages, mask, agg_denominator)
+        lead = logp.shape[:-2]
+        flat = [t.reshape(-1, *t.shape[len(lead) :]) for t in (logp, old_logp, advantages, mask)]
+        dens: list[Any]
+        if isinstance(agg_denominator, Tensor) and agg_denominator.dim() > 0:
+            dens = list(agg_denominator.reshape(-1))
+        else:
+            dens = [agg_denominator] * flat[0].shape[0]
+        outs = [one(lp, old, adv, m, d) for lp, old, adv, m, d in zip(*flat, dens)]
+        loss = torch.stack([o[0] for o in outs]).reshape(lead)
+        stats = {k: torch.stack([o[1][k] for o in outs]).reshape(lead) for k in outs[0][1]}
+        return loss, stats
+
+    return lifted

@@ -1,0 +1,30 @@
+"""Copy this file into your project's tests to check your policy loss in CI (seconds, CPU).
+
+Point LOSS at your function, ``package.module:function``, with the signature of
+``dapo.loss.policy_loss`` (logp, old_logp, advantages, mask, *, eps_low, eps_high,
+clip_ratio_c, agg, agg_denominator, norm_const) -> loss or (loss, stats). A verl or TRL loss
+is named ``verl:NAME`` / ``trl:LOSS_TYPE`` (install the peers first; see README). Each
+assertion runs the toy failure-mode experiment with your loss in place of the unprotected
+arm's, on two disjoint blocks of paired seeds, and fails with a message naming what is
+missing: a failure mode not protected against, or a knob your loss ignores.
+
+Here LOSS is this project's own DAPO loss, so the file runs as it is in this repo's CI.
+"""
+
+import pytest
+
+from toybench.check import assert_protects
+
+LOSS = "dapo"  # e.g. "mypkg.losses:my_policy_loss", "verl:vanilla", "trl:dapo"
+
+
+@pytest.mark.slow
+def test_loss_keeps_entropy_up():
+    """Clip-Higher's claim: the loss does not collapse entropy under repeated updates."""
+    assert_protects(LOSS, "entropy_collapse")
+
+
+@pytest.mark.slow
+def test_loss_has_no_length_bias():
+    """Token-level loss's claim: wrong answers do not drift longer than right ones."""
+    assert_protects(LOSS, "length_bias")

@@ -1,0 +1,312 @@
+"""The successor losses (GSPO, CISPO, Clip-Cov, KL-Cov): their defining properties, and
+equality with verl 0.9.1's implementations on values and gradients; the loss registry and
+the peer adapters (verl's and TRL's own code) against this project's losses."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dapo.loss import policy_loss
+from dapo.losses import cispo_loss, clip_cov_loss, gspo_loss, kl_cov_loss, per_run
+from toybench.losses import LossSpecError, parse_spec, probe_knobs, resolve
+
+AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def batch(seed: int, B: int = 6, T: int = 7, spread: float = 0.6, empty_row: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 2 - 0.05
+    logp = (old + torch.randn(B, T, generator=g, dtype=torch.float64) * spread).requires_grad_(True)
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    if empty_row:
+        lengths[0] = 0
+    mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
+    return logp, old, adv, mask
+
+
+def value_grad(fn, logp, old, adv, mask, **kw):
+    lp = logp.detach().clone().requires_grad_(True)
+    out = fn(lp, old, adv, mask, **kw)
+    loss = out[0] if isinstance(out, tuple) else out
+    loss.backward()
+    return float(loss.detach()), lp.grad.clone()
+
+
+KNOBS = dict(eps_low=0.2, eps_high=0.28, clip_ratio_c=None, norm_const=7)
+
+
+# ---- defining properties ------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), agg=st.sampled_from(AGGS))
+def test_gspo_and_cispo_on_policy_equal_the_policy_gradient(seed, agg):
+    """At r = 1 (logp = old) nothing is clipped: GSPO's gradient is the plain policy
+    gradient, as DAPO's is; CISPO's is too (its weight sg[clip(1)] = 1)."""
+    logp, _, adv, mask = batch(seed)
+    old = logp.detach().clone()
+    ref_v, ref_g = value_grad(policy_loss, logp, old, adv, mask, agg=agg, **KNOBS)
+    for fn in (gspo_loss, cispo_loss):
+        v, g = value_grad(fn, logp, old, adv, mask, agg=agg, **KNOBS)
+        assert torch.allclose(g, ref_g, atol=1e-12)
+    v, _ = value_grad(gspo_loss, logp, old, adv, mask, agg=agg, **KNOBS)
+    assert v == pytest.approx(ref_v, abs=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), shift=st.floats(0.3, 2.0))
+def test_gspo_clips_whole_sequences(seed, shift):
+    """A response whose length-normalised ratio is beyond the bound on the side of its
+    advantage gets zero gradient on every token; one inside gets a gradient on all of them."""
+    logp, old, adv, mask = batch(seed, spread=0.0)
+    adv = adv.abs() + 0.1
+    with torch.no_grad():
+        logp[0] = old[0] + shift  # s_0 = e^shift > 1 + eps_high
+        logp[1] = old[1]  # s_1 = 1
+    _, g = value_grad(gspo_loss, logp, old, adv, mask, agg="seq-mean-token-mean", **KNOBS)
+    assert torch.all(g[0] == 0)
+    assert torch.all(g[1][mask[1]] != 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_cispo_keeps_a_gradient_on_every_token_ppo_drops(seed):
+    """CISPO's per-token gradient is -sg[clip(r)] A / N for every loss token, clipped or
+    not; PPO's (DAPO's) is exactly zero on tokens beyond the bound."""
+    logp, old, adv, mask = batch(seed, spread=1.5)
+    _, g = value_grad(cispo_loss, logp, old, adv, mask, agg="token-mean", **KNOBS)
+    r = torch.exp(logp.detach() - old)
+    expect = -r.clamp(0.8, 1.28) * adv.unsqueeze(-1) / mask.sum()
+    assert torch.allclose(g[mask], expect[mask], atol=1e-12)
+    _, g_ppo = value_grad(policy_loss, logp, old, adv, mask, agg="token-mean", **KNOBS)
+    a = adv.unsqueeze(-1).expand_as(r)
+    clipped = mask & (((a > 0) & (r > 1.28)) | ((a < 0) & (r < 0.8)))
+    assert torch.all(g_ppo[clipped] == 0)
+    assert torch.all(g[clipped] != 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), ratio=st.floats(1e-4, 0.5))
+def test_clip_cov_detaches_at_most_its_share_of_eligible_tokens(seed, ratio):
+    logp, old, adv, mask = batch(seed, spread=0.3)
+    torch.manual_seed(seed)
+    _, g = value_grad(
+        clip_cov_loss,
+        logp,
+        old,
+        adv,
+        mask,
+        agg="token-mean",
+        clip_cov_ratio=ratio,
+        clip_cov_lb=-10.0,
+        clip_cov_ub=10.0,
+        **KNOBS,
+    )
+    _, g_ppo = value_grad(policy_loss, logp, old, adv, mask, agg="token-mean", **KNOBS)
+    differs = (g != g_ppo) & mask
+    assert int(differs.sum()) <= max(int(ratio * int(mask.sum())), 1)
+    assert torch.all(g[differs] == 0)  # a chosen token's gradient is removed, nothing else changes
+
+
+def test_clip_cov_with_no_eligible_token_is_ppo():
+    logp, old, adv, mask = batch(3)
+    v, g = value_grad(
+        clip_cov_loss, logp, old, adv, mask, agg="token-mean", clip_cov_lb=1e6, clip_cov_ub=2e6, **KNOBS
+    )
+    v0, g0 = value_grad(policy_loss, logp, old, adv, mask, agg="token-mean", **KNOBS)
+    assert v == pytest.approx(v0, abs=1e-12) and torch.allclose(g, g0, atol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), ratio=st.floats(1e-4, 0.5))
+def test_kl_cov_penalises_exactly_k_top_covariance_tokens(seed, ratio):
+    logp, old, adv, mask = batch(seed, spread=0.3)
+    v, _ = value_grad(
+        kl_cov_loss, logp, old, adv, mask, agg="token-mean", kl_cov_ratio=ratio, ppo_kl_coef=1.0, **KNOBS
+    )
+    r = torch.exp(logp.detach() - old)
+    a = adv.unsqueeze(-1).expand_as(r)
+    base = (-a * r)[mask].sum()
+    k = max(1, int(int(mask.sum()) * ratio))
+    lp = logp.detach()
+    m = mask.double()
+    cov = ((a - (a * m).sum() / m.sum()) * (lp - (lp * m).sum() / m.sum()))[mask]
+    top = torch.topk(cov, k).indices
+    penalty = (lp - old).abs()[mask][top].sum()
+    assert v == pytest.approx(float((base + penalty) / mask.sum()), rel=1e-10)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), agg=st.sampled_from(AGGS))
+def test_leading_run_dims_equal_one_run_at_a_time(seed, agg):
+    """gspo/cispo take [R, B, T] natively, the covariance losses through per_run; either way
+    each run's loss and gradient are its own."""
+    runs = [batch(seed + i) for i in range(3)]
+    stacked = [torch.stack([r[j].detach() for r in runs]) for j in range(4)]
+    for fn in (gspo_loss, cispo_loss, per_run(kl_cov_loss), per_run(policy_loss)):
+        lp = stacked[0].clone().requires_grad_(True)
+        loss, stats = fn(lp, stacked[1], stacked[2], stacked[3], agg=agg, **KNOBS)
+        assert loss.shape == (3,) and stats["n_tokens"].shape == (3,)
+        loss.sum().backward()
+        for i, r in enumerate(runs):
+            v, g = value_grad(fn, *r, agg=agg, **KNOBS)
+            assert float(loss[i].detach()) == pytest.approx(v, abs=1e-12)
+            assert torch.allclose(lp.grad[i], g, atol=1e-12)
+
+
+# ---- against verl's code --------------------------------------------------------------------
+
+need_verl = pytest.mark.skipif(
+    not os.environ.get("DAPO_REQUIRE_PEERS") and not __import__("importlib").util.find_spec("verl"),
+    reason="verl not installed (the peers extra; DAPO_REQUIRE_PEERS=1 makes this an error)",
+)
+
+
+@need_verl
+@pytest.mark.parametrize(
+    "name,fn",
+    [
+        ("vanilla", policy_loss),
+        ("gspo", gspo_loss),
+        ("cispo", cispo_loss),
+        ("clip_cov", clip_cov_loss),
+        ("kl_cov", kl_cov_loss),
+    ],
+)
+@pytest.mark.parametrize("agg", AGGS)
+def test_matches_verl_values_and_gradients(name, fn, agg):
+    from toybench.peers import verl_loss
+
+    verl = verl_loss(name)
+    for seed in range(25):
+        logp, old, adv, mask = batch(seed, B=8, T=9, spread=0.5 + seed / 20, empty_row=seed % 5 == 0)
+        kw = dict(KNOBS, norm_const=9, agg=agg)
+        extra = {}
+        if name == "clip_cov":  # widen the covariance window and the share so tokens are chosen
+            extra = dict(clip_cov_ratio=0.2, clip_cov_lb=-1.0, clip_cov_ub=5.0)
+            verl = verl_loss(name, extra)
+        if name == "kl_cov":
+            extra = dict(kl_cov_ratio=0.2, ppo_kl_coef=0.1)
+            verl = verl_loss(name, extra)
+        torch.manual_seed(seed)
+        ours = value_grad(fn, logp, old, adv, mask, **kw, **extra)
+        torch.manual_seed(seed)
+        theirs = value_grad(verl, logp, old, adv, mask, **kw)
+        # verl divides each response's token sum by (count + 1e-8) in seq-mean-token-mean
+        rel = 1e-7 if agg == "seq-mean-token-mean" else 1e-10
+        assert ours[0] == pytest.approx(theirs[0], rel=rel, abs=1e-12), (name, agg, seed)
+        assert torch.allclose(ours[1], theirs[1], rtol=rel, atol=1e-12), (name, agg, seed)
+
+
+# ---- TRL's code against this project's aggregations -------------------------------------------
+
+need_trl = pytest.mark.skipif(
+    not os.environ.get("DAPO_REQUIRE_PEERS") and not __import__("importlib").util.find_spec("trl"),
+    reason="trl not installed (the peers extra; DAPO_REQUIRE_PEERS=1 makes this an error)",
+)
+
+
+@need_trl
+@pytest.mark.parametrize(
+    "loss_type,agg",
+    [
+        ("dapo", "token-mean"),
+        ("bnpo", "token-mean"),
+        ("grpo", "seq-mean-token-mean"),
+        ("dr_grpo", "seq-mean-token-sum-norm"),
+    ],
+)
+def test_trl_loss_types_are_dapo_aggregations(loss_type, agg):
+    """TRL's own _compute_loss (through the stand-in) equals policy_loss with the matching
+    aggregation when every response has a loss token."""
+    from toybench.peers import trl_loss
+
+    trl = trl_loss(loss_type)
+    for seed in range(10):
+        logp, old, adv, mask = batch(seed, spread=0.8)
+        kw = dict(eps_low=0.2, eps_high=0.28, norm_const=7)
+        ours = value_grad(policy_loss, logp, old, adv, mask, agg=agg, **kw)
+        theirs = value_grad(trl, logp, old, adv, mask, agg=agg, **kw)
+        assert ours[0] == pytest.approx(theirs[0], rel=1e-9)
+        assert torch.allclose(ours[1], theirs[1], rtol=1e-9, atol=1e-12)
+
+
+@need_trl
+def test_trl_dr_grpo_counts_responses_without_loss_tokens():
+    """A peer difference kept on record: TRL's dr_grpo divides by every row of the batch
+    (B x max_completion_length), responses with no loss token included (e.g. truncated ones
+    under mask_truncated_completions); DAPO's seq-mean-token-sum-norm counts the responses
+    that have one."""
+    from toybench.peers import trl_loss
+
+    logp, old, adv, mask = batch(1, empty_row=True)
+    kw = dict(eps_low=0.2, eps_high=0.2, norm_const=7)
+    ours, _ = value_grad(policy_loss, logp, old, adv, mask, agg="seq-mean-token-sum-norm", **kw)
+    theirs, _ = value_grad(trl_loss("dr_grpo"), logp, old, adv, mask, **kw)
+    n = mask.shape[0]
+    assert theirs == pytest.approx(ours * (n - 1) / n, rel=1e-9)
+
+
+@need_trl
+def test_trl_cispo_caps_the_ratio_at_epsilon_high_absolute():
+    """TRL's cispo reads epsilon_high as the cap of the ratio itself (5.0 recommended), not
+    1 + eps, and has no lower bound: it equals cispo_loss with eps_high = cap - 1, eps_low ~ 1."""
+    from toybench.peers import trl_loss
+
+    logp, old, adv, mask = batch(2, spread=1.0)
+    theirs = value_grad(trl_loss("cispo"), logp, old, adv, mask, eps_low=0.2, eps_high=1.5, norm_const=7)
+    ours = value_grad(cispo_loss, logp, old, adv, mask, eps_low=1 - 1e-300, eps_high=0.5, agg="token-mean")
+    assert ours[0] == pytest.approx(theirs[0], rel=1e-9)
+    assert torch.allclose(ours[1], theirs[1], rtol=1e-9, atol=1e-12)
+
+
+# ---- registry, specs, knob probe --------------------------------------------------------------
+
+
+def test_spec_parsing_and_one_line_errors():
+    assert parse_spec("clip_cov[clip_cov_ratio=0.02, clip_cov_lb=-1]") == (
+        "clip_cov",
+        {"clip_cov_ratio": 0.02, "clip_cov_lb": -1},
+    )
+    assert resolve("clip_cov[clip_cov_ratio=0.02]").params == {"clip_cov_ratio": 0.02}
+    for bad, words in [
+        ("nope", "not a built-in"),
+        ("clip_cov[nope=1]", "unknown parameter 'nope'"),
+        ("clip_cov[x]", "not key=value"),
+        ("no_such_module_xyz:fn", "cannot import module"),
+        ("dapo.loss:no_such_fn", "has no function"),
+        ("dapo.loss:aggregate", "fewer than 4 positional"),
+    ]:
+        with pytest.raises(LossSpecError) as e:
+            resolve(bad)
+        assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_knob_probe_sees_every_knob_of_dapo_and_names_the_ones_a_loss_ignores():
+    assert probe_knobs(resolve("dapo")) == dict.fromkeys(
+        ("eps_low", "eps_high", "clip_ratio_c", "loss_agg"), True
+    )
+    sym = probe_knobs(resolve("broken_losses:symmetric_clip"))
+    assert sym["eps_high"] is False and sym["eps_low"] is True
+    per_seq = probe_knobs(resolve("broken_losses:per_sequence"))
+    assert per_seq["loss_agg"] is False and per_seq["eps_high"] is True
+
+
+def test_builtin_names_use_the_core_functions():
+    assert resolve("dapo").fn is policy_loss
+    assert resolve("dapo").knobs["eps_high"] == 0.28
+    assert resolve("grpo").knobs["loss_agg"] == "seq-mean-token-mean"
+
+
+def test_a_missing_peer_is_one_line_naming_the_install():
+    from toybench.peers import PEERS_HINT, _require
+
+    with pytest.raises(LossSpecError) as e:
+        _require("no_such_peer_package.core")
+    assert PEERS_HINT in str(e.value) and "\n" not in str(e.value)

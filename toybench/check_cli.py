@@ -1,0 +1,137 @@
+"""``dapo toy check``: argument handling and output around :func:`toybench.check.check`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from dapo.cliargs import UsageError
+from dapo.config import AGG_MODES
+
+from .check import MODES, check, format_table
+from .losses import BUILTIN, KNOBS, LossSpecError, resolve
+
+
+def _knob(item: str) -> tuple[str, Any]:
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or key not in KNOBS:
+        raise UsageError(f"--set {item!r}: expected KNOB=VALUE with KNOB one of {', '.join(KNOBS)}")
+    text = text.strip()
+    if key == "loss_agg":
+        if text not in AGG_MODES:
+            raise UsageError(f"--set {item!r}: loss_agg must be one of {', '.join(AGG_MODES)}")
+        return key, text
+    if key == "clip_ratio_c" and text.lower() in ("none", "null", ""):
+        return key, None
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"--set {item!r}: {key} must be a number") from None
+    if not value > 0 or value == float("inf"):
+        raise UsageError(f"--set {item!r}: {key} must be a finite number > 0")
+    if key == "eps_low" and not value < 1:
+        raise UsageError(f"--set {item!r}: eps_low must lie in (0, 1)")
+    if key == "clip_ratio_c" and not value > 1:
+        raise UsageError(f"--set {item!r}: clip_ratio_c must be > 1 or none")
+    return key, value
+
+
+def _names(text: str, option: str, allow_none: bool = False) -> list[str]:
+    if allow_none and text.strip().lower() == "none":
+        return []
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in MODES]
+    if bad or not names:
+        raise UsageError(
+            f"{option} {text!r}: choose from {', '.join(MODES)}" + (" or none" if allow_none else "")
+        )
+    return names
+
+
+SCALED = ("clip_cov[clip_cov_ratio=0.02]", "kl_cov[kl_cov_ratio=0.02]")
+"""Clip-Cov and KL-Cov with the share of tokens raised 100x: at the papers' 2e-4 a toy
+window of ~500 tokens gets one token (``max(1, int(2e-4 * n))``)."""
+
+
+def all_specs() -> tuple[list[str], str]:
+    """Every built-in (and the covariance losses at a toy-sized share), plus the verl and
+    TRL losses with a recipe when importable."""
+    from . import peers
+
+    specs = [*BUILTIN, *SCALED]
+    notes = []
+    for prefix, names in (("verl", peers.VERL_NAMES), ("trl", peers.TRL_NAMES)):
+        try:
+            resolve(f"{prefix}:{names[0]}")
+        except LossSpecError as e:
+            notes.append(f"{prefix} losses skipped: {e}")
+            continue
+        specs += [f"{prefix}:{n}" for n in names]
+    return specs, "; ".join(notes)
+
+
+def main(args: argparse.Namespace, argv: list[str] | None) -> int:
+    if not args.loss and not args.all:
+        raise UsageError(
+            "check: name at least one LOSS (e.g. dapo, verl:clip_cov, mypkg.losses:my_loss) or --all"
+        )
+    overrides = dict(_knob(item) for item in args.set)
+    modes = _names(args.modes, "--modes")
+    claims = None if args.claims is None else _names(args.claims, "--claims", allow_none=True)
+    if os.getcwd() not in sys.path:  # `module:function` from the current directory, as pytest finds tests
+        sys.path.insert(0, os.getcwd())
+    specs = list(args.loss)
+    note = ""
+    if args.all:
+        extra, note = all_specs()
+        specs += [s for s in extra if s not in specs]
+    try:
+        losses = [resolve(s) for s in specs]
+    except LossSpecError as e:
+        raise UsageError(f"check: {e}") from None
+    if note:
+        print(note, file=sys.stderr)
+    t0 = time.perf_counter()
+    try:
+        results = check(
+            losses,
+            seeds=args.seeds,
+            seed_start=args.seed_start,
+            confirm=not args.no_confirm,
+            modes=modes,
+            overrides=overrides,
+            claims=claims,
+            jobs=args.jobs,
+            progress=not args.quiet,
+        )
+    except LossSpecError as e:  # a user's loss that raises on the toy's tensors
+        raise UsageError(f"check: {e}") from None
+    seconds = time.perf_counter() - t0
+    from .output import markdown_as_text
+
+    print(markdown_as_text(format_table(results), tables=2))
+    command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
+    payload = {
+        "command": command,
+        "seeds_per_block": args.seeds,
+        "seed_start": args.seed_start,
+        "confirm": not args.no_confirm,
+        "seconds": round(seconds, 1),
+        "results": [r.to_json() for r in results],
+    }
+    if args.json is not None:
+        args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        print(f"\njson: {args.json}")
+    if args.out is not None:
+        from .check_report import write_report
+
+        path = write_report(results, payload, args.out)
+        print(f"report: {path}")
+    failed = [r for r in results if not r.passed]
+    print(f"\n{len(results) - len(failed)} of {len(results)} losses pass ({seconds:.0f} s)")
+    return 1 if failed else 0

@@ -1,0 +1,354 @@
+"""Policy losses by name, for the toy regime: this project's, verl's, TRL's and users'.
+
+A *loss spec* names a loss and, optionally, its own parameters:
+
+* a built-in name (:data:`BUILTIN`): ``dapo``, ``grpo``, ``dr_grpo``, ``gspo``, ``cispo``,
+  ``clip_cov``, ``kl_cov``;
+* ``verl:NAME``: verl's registered policy loss, called through verl's own
+  ``get_policy_loss_fn`` (:mod:`toybench.peers`);
+* ``trl:LOSS_TYPE``: TRL's ``GRPOTrainer._compute_loss`` for that ``loss_type``;
+* ``module:function``: any importable function with :func:`dapo.loss.policy_loss`'s
+  signature (:class:`dapo.losses.PolicyLossFn`).
+
+Parameters follow in brackets: ``clip_cov[clip_cov_ratio=0.02]``. :func:`resolve` turns a
+spec into a :class:`Loss`: a function over runs ([R, B, T], as the batched engine calls
+it), the loss's own recipe for the clip and aggregation knobs, the knobs it says it acts
+on, and the failure modes it claims to fix (each with the source of the claim).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dapo import losses as dl
+from dapo.loss import policy_loss
+
+KNOBS = ("eps_low", "eps_high", "clip_ratio_c", "loss_agg")
+"""The :class:`~dapo.AlgoConfig` knobs a policy loss receives (``loss_agg`` arrives as
+``agg``)."""
+
+FAILURE_MODES = ("entropy_collapse", "zero_gradient", "length_bias", "truncation_noise")
+
+DAPO_KNOBS: dict[str, Any] = {
+    "eps_low": 0.2,
+    "eps_high": 0.28,
+    "clip_ratio_c": None,
+    "loss_agg": "token-mean",
+}
+
+
+class LossSpecError(ValueError):
+    """A loss spec that does not name a usable loss (one line, for the CLI)."""
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A resolved loss spec."""
+
+    spec: str
+    fn: Callable[..., tuple[Tensor, dict[str, Tensor]]]
+    """Called as the batched engine calls :func:`dapo.loss.policy_loss` (leading run dims)."""
+    knobs: dict[str, Any]
+    """The loss's recipe: values of :data:`KNOBS` it is meant to run with."""
+    honours: tuple[str, ...]
+    """Knobs it says it acts on; the knob probe flags each one it ignores."""
+    claims: tuple[str, ...]
+    """Failure modes (of :data:`FAILURE_MODES`) it claims to protect against."""
+    source: str
+    """Where the loss and its claims come from."""
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    fn: Callable[..., Any]
+    knobs: dict[str, Any]
+    honours: tuple[str, ...]
+    claims: tuple[str, ...]
+    source: str
+    batched: bool = True
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+ALL_KNOBS = KNOBS
+CLIP_AGG = ("eps_low", "eps_high", "loss_agg")
+
+BUILTIN: dict[str, _Entry] = {
+    "dapo": _Entry(
+        policy_loss,
+        DAPO_KNOBS,
+        ALL_KNOBS,
+        ("entropy_collapse", "length_bias"),
+        "DAPO (Yu et al. 2025) Eq. 10 + 12: Clip-Higher 0.2/0.28, token-mean",
+    ),
+    "grpo": _Entry(
+        policy_loss,
+        {**DAPO_KNOBS, "eps_high": 0.2, "loss_agg": "seq-mean-token-mean"},
+        ALL_KNOBS,
+        (),
+        "GRPO (Shao et al. 2024) Eq. 3: symmetric 0.2, per-response mean (the unprotected baseline)",
+    ),
+    "dr_grpo": _Entry(
+        policy_loss,
+        {**DAPO_KNOBS, "eps_high": 0.2, "loss_agg": "seq-mean-token-sum-norm"},
+        ALL_KNOBS,
+        ("length_bias",),
+        "Dr. GRPO (Liu et al. 2025): per-response token sum / a constant (claims no length bias)",
+    ),
+    "gspo": _Entry(
+        dl.gspo_loss,
+        {**DAPO_KNOBS, "eps_low": 3e-4, "eps_high": 4e-4, "loss_agg": "seq-mean-token-mean"},
+        CLIP_AGG,
+        (),
+        "GSPO (Zheng et al. 2025) Eq. 5-7, 13-14: sequence ratio clipped at 3e-4/4e-4 (claims stability)",
+    ),
+    "cispo": _Entry(
+        dl.cispo_loss,
+        {**DAPO_KNOBS, "eps_low": 0.99, "eps_high": 4.0},
+        CLIP_AGG,
+        ("entropy_collapse",),
+        "CISPO (MiniMax-M1 2025) Eq. 4-5: detached IS weight capped at 5, no lower bound in effect; "
+        "keeps the gradient of clipped rare tokens",
+    ),
+    "clip_cov": _Entry(
+        dl.clip_cov_loss,
+        DAPO_KNOBS | {"eps_high": 0.2},
+        CLIP_AGG,
+        ("entropy_collapse",),
+        "Clip-Cov (Cui et al. 2025) Eq. 12-13: detach the gradient of high-covariance tokens",
+        batched=False,
+    ),
+    "kl_cov": _Entry(
+        dl.kl_cov_loss,
+        DAPO_KNOBS | {"eps_high": 0.2},
+        ("loss_agg",),
+        ("entropy_collapse",),
+        "KL-Cov (Cui et al. 2025) Eq. 14: KL penalty on the top-covariance tokens",
+        batched=False,
+    ),
+}
+
+_SPEC = re.compile(r"^(?P<name>[^\[\]]+?)(?:\[(?P<params>[^\[\]]*)\])?$")
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``name[k=v,...]`` -> (name, params); values parsed as numbers where they are."""
+    m = _SPEC.match(spec.strip())
+    if not m or not m.group("name").strip():
+        raise LossSpecError(f"loss {spec!r}: expected NAME or NAME[key=value,...]")
+    params: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in (m.group("params") or "").split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise LossSpecError(f"loss {spec!r}: parameter {item!r} is not key=value")
+        params[key.strip()] = _value(value.strip())
+    return m.group("name").strip(), params
+
+
+def _value(text: str) -> Any:
+    for cast in (int, float):
+        try:
+            v = cast(text)
+        except ValueError:
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            raise LossSpecError(f"loss parameter value {text!r} is not finite")
+        return v
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
+
+
+def seeded_by_batch(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn`` with the global torch RNG seeded from its inputs (and restored after).
+
+    Clip-Cov draws its tokens with ``torch.randperm`` on the global RNG (verl does too); a
+    seed taken from the batch makes a toy run reproducible and independent of which runs
+    share its process."""
+
+    @functools.wraps(fn)
+    def seeded(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, **kw: Any) -> Any:
+        key = float((old_logp.detach().double() * mask).sum()) + 7.0 * float(mask.sum())
+        seed = int(abs(key) * 1e6) % (2**31 - 1)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return fn(logp, old_logp, advantages, mask, **kw)
+
+    return seeded
+
+
+def _builtin(name: str, params: dict[str, Any], spec: str) -> Loss:
+    e = BUILTIN[name]
+    fn = e.fn
+    if params:
+        _check_params(fn, params, spec)
+        fn = functools.partial(fn, **params)
+    if name == "clip_cov":
+        fn = seeded_by_batch(fn)
+    if not e.batched:
+        fn = dl.per_run(fn)
+    return Loss(spec, fn, dict(e.knobs), e.honours, e.claims, e.source, params)
+
+
+def _check_params(fn: Callable[..., Any], params: dict[str, Any], spec: str) -> None:
+    sig = inspect.signature(fn)
+    own = [p for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY and p.name not in _INTERFACE]
+    for key in params:
+        if key not in {p.name for p in own}:
+            known = ", ".join(p.name for p in own) or "none"
+            raise LossSpecError(f"loss {spec!r}: unknown parameter {key!r} (its parameters: {known})")
+
+
+_INTERFACE = ("eps_low", "eps_high", "clip_ratio_c", "agg", "agg_denominator", "norm_const")
+
+
+def _user(name: str, params: dict[str, Any], spec: str) -> Loss:
+    module, _, attr = name.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise LossSpecError(f"loss {spec!r}: cannot import module {module!r} ({e})") from None
+    fn = getattr(mod, attr, None)
+    if not callable(fn):
+        raise LossSpecError(f"loss {spec!r}: module {module!r} has no function {attr!r}")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        sig = None
+    if sig is not None:
+        names = set(sig.parameters)
+        var_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+        missing = [k for k in _INTERFACE if k not in names and not var_kw]
+        if (
+            len(
+                [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            )
+            < 4
+        ):
+            raise LossSpecError(
+                f"loss {spec!r}: takes fewer than 4 positional arguments "
+                "(logp, old_logp, advantages, mask); see dapo.losses.PolicyLossFn"
+            )
+        if missing:
+            raise LossSpecError(
+                f"loss {spec!r}: lacks keyword argument(s) {', '.join(missing)} of dapo.losses.PolicyLossFn"
+            )
+    if params:
+        fn = functools.partial(fn, **params)
+    return Loss(
+        spec,
+        _guarded(dl.per_run(fn), spec),
+        dict(DAPO_KNOBS),
+        ALL_KNOBS,
+        ("entropy_collapse", "length_bias"),
+        f"user function {name}, run with DAPO's loss knobs (claims what DAPO's loss claims)",
+        params,
+    )
+
+
+def _guarded(fn: Callable[..., Any], spec: str) -> Callable[..., Any]:
+    """A user's loss that raises on the toy's tensors is bad input, reported in one line."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise LossSpecError(f"loss {spec!r} raised on the toy batch: {type(e).__name__}: {e}") from None
+
+    return call
+
+
+@functools.cache
+def resolve(spec: str) -> Loss:
+    """The :class:`Loss` a spec names; :class:`LossSpecError` (one line) if none."""
+    name, params = parse_spec(spec)
+    if name in BUILTIN:
+        return _builtin(name, params, spec)
+    prefix, sep, rest = name.partition(":")
+    if sep and prefix in ("verl", "trl"):
+        from . import peers
+
+        return peers.resolve(prefix, rest, params, spec)
+    if sep and rest and re.fullmatch(r"[A-Za-z_][\w.]*", prefix) and rest.isidentifier():
+        return _user(name, params, spec)
+    raise LossSpecError(
+        f"loss {spec!r}: not a built-in ({', '.join(BUILTIN)}), verl:NAME, trl:LOSS_TYPE or module:function"
+    )
+
+
+def knob_values(loss: Loss, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The loss's recipe with ``overrides`` applied, as :class:`~dapo.AlgoConfig` fields."""
+    out = {**loss.knobs, **(overrides or {})}
+    return {k: out[k] for k in KNOBS}
+
+
+# ---- the knob probe ---------------------------------------------------------------------
+
+PROBE_B, PROBE_T = 16, 8
+
+
+def _probe_batch() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    g = torch.Generator().manual_seed(20250317)
+    old = -torch.rand(PROBE_B, PROBE_T, generator=g, dtype=torch.float64) * 3.0 - 0.05
+    log_ratio = (torch.rand(PROBE_B, PROBE_T, generator=g, dtype=torch.float64) * 2 - 1) * 2.0
+    adv = torch.randn(PROBE_B, generator=g, dtype=torch.float64)
+    lengths = torch.arange(PROBE_B) % PROBE_T + 1  # every length from 1 to T
+    mask = torch.arange(PROBE_T).unsqueeze(0) < lengths.unsqueeze(1)
+    return old + log_ratio, old, adv, mask
+
+
+def _call(loss: Loss, knobs: dict[str, Any], norm_const: float) -> tuple[float, Tensor]:
+    logp, old, adv, mask = _probe_batch()
+    logp = logp.clone().requires_grad_(True)
+    value, _ = loss.fn(
+        logp.unsqueeze(0),
+        old.unsqueeze(0),
+        adv.unsqueeze(0),
+        mask.unsqueeze(0),
+        eps_low=knobs["eps_low"],
+        eps_high=knobs["eps_high"],
+        clip_ratio_c=knobs["clip_ratio_c"],
+        agg=knobs["loss_agg"],
+        agg_denominator=None,
+        norm_const=norm_const,
+    )
+    value.sum().backward()
+    assert logp.grad is not None
+    return float(value.detach().sum()), logp.grad.detach().clone()
+
+
+PROBE_VALUES: dict[str, tuple[Any, Any]] = {
+    "eps_low": (0.1, 0.6),
+    "eps_high": (0.1, 1.0),
+    "clip_ratio_c": (None, 1.5),
+    "loss_agg": ("token-mean", "seq-mean-token-mean"),
+}
+"""Two values of each knob, far enough apart to bind on the probe batch whatever the
+loss's recipe (a sequence ratio, an absolute cap)."""
+
+
+def probe_knobs(loss: Loss, knobs: dict[str, Any] | None = None) -> dict[str, bool]:
+    """For each knob of :data:`KNOBS`: does the loss's value or gradient change when the
+    knob does? On a fixed batch (log-ratios spread over [-2, 2], advantages of both signs,
+    every response length from 1 to T) where :func:`dapo.loss.policy_loss` changes with
+    every one of them, at the two values of :data:`PROBE_VALUES`. ``False`` for a knob in ``loss.honours`` is a loss that ignores
+    what it is given (a hard-coded clip, a fixed aggregation)."""
+    knobs = knob_values(loss, knobs)
+    out = {}
+    for knob, (v1, v2) in PROBE_VALUES.items():
+        value1, grad1 = _call(loss, {**knobs, knob: v1}, PROBE_T)
+        value2, grad2 = _call(loss, {**knobs, knob: v2}, PROBE_T)
+        same = math.isclose(value1, value2, rel_tol=1e-12, abs_tol=1e-15) and torch.allclose(
+            grad1, grad2, rtol=1e-12, atol=1e-15
+        )
+        out[knob] = not same
+    return out
