@@ -91,7 +91,8 @@ def update(
     ``torch.nn.utils.clip_grad_norm_`` over the optimizer's parameters (pass the FSDP
     one). ``generator`` shuffles groups between windows each epoch; None keeps batch
     order. ``loss_fn`` is the policy loss (any :class:`dapo.losses.PolicyLossFn`; it gets
-    ``is_weights`` only when ``cfg.tis_cap`` is set). Returns the ``actor/*`` and ``mismatch/*`` metrics of ``dapo.metrics.SCHEMA``.
+    ``is_weights`` only when ``cfg.tis_cap`` is set). Returns the ``actor/*`` and
+    ``mismatch/*`` metrics of ``dapo.metrics.SCHEMA``.
     """
     out: dict[str, float] = {"actor/optimizer_steps": 0.0, "actor/skipped_steps": 0.0}
     if batch is None or batch.size == 0:

@@ -100,6 +100,29 @@ def test_every_arm_matches_the_per_run_loop_bitwise(name):
             assert torch.equal(ref_tables[i], table[i]), (name, i)  # the trajectory, bit for bit
 
 
+@pytest.mark.parametrize("exp_name", ["entropy_collapse", "length_bias"])
+def test_other_policy_losses_match_the_loop_and_share_a_batch(exp_name):
+    """Runs with different policy losses (native over runs, and lifted by per_run) stack in
+    one batch and each follows the loop's trajectory bit for bit."""
+    from dataclasses import replace
+
+    exp = REGISTRY[exp_name]
+    arm = next(iter(exp.arms))
+    specs = [
+        replace(exp.spec(arm, seed, steps=6), loss=loss)
+        for loss in ("dapo", "gspo", "cispo", "kl_cov", "broken_losses:per_sequence")
+        for seed in (0, 5)
+    ]
+    assert len({batch_key(s) for s in specs}) == 1
+    ref, ref_tables = _loop_with_tables(specs)
+    got, table = _engine_with_tables(specs)
+    for i, s in enumerate(specs):
+        assert_logs_match(ref[i], got[i], (exp_name, s.loss, s.seed))
+        assert torch.equal(ref_tables[i], table[i]), (s.loss, s.seed)
+    # the losses do differ: the tables of seed 0 are not all the same
+    assert len({tuple(table[i].flatten().tolist()[:50]) for i in range(0, len(specs), 2)}) > 1
+
+
 def test_ladder_variants_and_injected_nan_steps_match_the_loop():
     lad = ladder_experiment(steps=5)
     specs = [lad.spec(arm, 3) for arm in lad.arms] + [FAULTS.spec("nan_steps", 2, steps=12)]

@@ -12,7 +12,8 @@ batched computation with the DAPO core's functions over a leading run dimension.
 
 Runs may differ in every ``AlgoConfig`` knob except the batch geometry (``group_size``,
 ``train_groups``): clip ranges, aggregation, overlong treatment, dynamic sampling,
-mini-batch windows and epochs. A window a run does not have (fewer epochs or windows)
+mini-batch windows and epochs; and in the policy loss (``RunSpec.loss``: runs that share a
+loss and its knobs make one call, over their run dimension). A window a run does not have (fewer epochs or windows)
 leaves that run's table exactly as it is: its gradient is zero and SGD adds ``-lr * 0``.
 
 Arithmetic. The gradient each run receives is bit-for-bit the one ``dapo.update`` computes
