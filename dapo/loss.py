@@ -99,6 +99,28 @@ def tis_weights(old_logp: Tensor, rollout_logp: Tensor, cap: float) -> Tensor:
     return torch.exp(log_w)
 
 
+def check_shapes(logp: Tensor, old_logp: Tensor, mask: Tensor) -> None:
+    """The three per-token inputs of a policy loss must share one shape."""
+    if logp.shape != old_logp.shape or logp.shape != mask.shape:
+        raise ValueError(
+            f"shape mismatch: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, "
+            f"mask {tuple(mask.shape)}"
+        )
+
+
+def token_advantages(advantages: Tensor, logp: Tensor) -> Tensor:
+    """Advantages [..., B] (one per response, broadcast over its tokens) or [..., B, T] as
+    [..., B, T] in ``logp``'s dtype."""
+    adv = advantages.to(logp.dtype)
+    if adv.shape == logp.shape[:-1]:
+        adv = adv.unsqueeze(-1).expand_as(logp)
+    if adv.shape != logp.shape:
+        raise ValueError(
+            f"advantages shape {tuple(advantages.shape)} fits neither [B] nor [B, T] = {tuple(logp.shape)}"
+        )
+    return adv
+
+
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -138,19 +160,9 @@ def policy_loss(
     ``n_upclip`` for combining micro-batches.
     """
     _check_agg(agg)
-    if logp.shape != old_logp.shape or logp.shape != mask.shape:
-        raise ValueError(
-            f"shape mismatch: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, "
-            f"mask {tuple(mask.shape)}"
-        )
+    check_shapes(logp, old_logp, mask)
     mask = mask.bool()
-    adv = advantages.to(logp.dtype)
-    if adv.shape == logp.shape[:-1]:
-        adv = adv.unsqueeze(-1).expand_as(logp)
-    if adv.shape != logp.shape:
-        raise ValueError(
-            f"advantages shape {tuple(advantages.shape)} fits neither [B] nor [B, T] = {tuple(logp.shape)}"
-        )
+    adv = token_advantages(advantages, logp)
     old_logp = old_logp.detach()
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
@@ -194,9 +206,7 @@ def ratio_stats(
     ``log_ratio``, the clamped ``logp - old_logp`` when the caller has it, saves its
     recomputation."""
     mask = mask.bool()
-    adv = advantages.to(logp.dtype)
-    if adv.shape == logp.shape[:-1]:
-        adv = adv.unsqueeze(-1).expand_as(logp)
+    adv = token_advantages(advantages, logp)
     if dual is None:
         dual = torch.zeros_like(mask)
     with torch.no_grad():

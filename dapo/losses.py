@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from .loss import LOG_RATIO_CLAMP, aggregate, ratio_stats
+from .loss import LOG_RATIO_CLAMP, aggregate, check_shapes, ratio_stats, token_advantages
 
 GSPO_LOG_RATIO_MAX = 10.0
 """GSPO's log sequence ratio is clamped above before exponentiating (as verl)."""
@@ -45,25 +45,6 @@ class PolicyLossFn(Protocol):
         agg_denominator: Tensor | float | None = None,
         norm_const: float | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
-
-
-def _token_adv(advantages: Tensor, logp: Tensor) -> Tensor:
-    adv = advantages.to(logp.dtype)
-    if adv.shape == logp.shape[:-1]:
-        adv = adv.unsqueeze(-1).expand_as(logp)
-    if adv.shape != logp.shape:
-        raise ValueError(
-            f"advantages shape {tuple(advantages.shape)} fits neither [B] nor [B, T] = {tuple(logp.shape)}"
-        )
-    return adv
-
-
-def _check_shapes(logp: Tensor, old_logp: Tensor, mask: Tensor) -> None:
-    if logp.shape != old_logp.shape or logp.shape != mask.shape:
-        raise ValueError(
-            f"shape mismatch: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, "
-            f"mask {tuple(mask.shape)}"
-        )
 
 
 def gspo_loss(
@@ -91,9 +72,9 @@ def gspo_loss(
     reweight responses (verl allows them too). The paper clips at 3e-4 / 4e-4.
     ``clip_ratio_c`` is not used (no dual clip in GSPO). Leading run dimensions allowed.
     """
-    _check_shapes(logp, old_logp, mask)
+    check_shapes(logp, old_logp, mask)
     mask = mask.bool()
-    adv = _token_adv(advantages, logp)
+    adv = token_advantages(advantages, logp)
     old_logp = old_logp.detach()
     token_log_ratio = torch.where(mask, logp - old_logp, torch.zeros_like(logp))
     seq_log_ratio = token_log_ratio.sum(-1) / mask.sum(-1).clamp(min=1).to(logp.dtype)
@@ -127,9 +108,9 @@ def cispo_loss(
     of a token beyond the bound). The paper aggregates by ``token-mean`` and sets no lower
     bound (a large eps_low). ``clip_ratio_c`` is not used. Leading run dimensions allowed.
     """
-    _check_shapes(logp, old_logp, mask)
+    check_shapes(logp, old_logp, mask)
     mask = mask.bool()
-    adv = _token_adv(advantages, logp)
+    adv = token_advantages(advantages, logp)
     old_logp = old_logp.detach()
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     weight = torch.exp(log_ratio).clamp(1.0 - eps_low, 1.0 + eps_high).detach()
@@ -176,13 +157,13 @@ def clip_cov_loss(
     at random (``torch.randperm``, from ``generator`` or the global RNG as verl does) and
     their loss is multiplied by 0. One [B, T] batch: wrap in :func:`per_run` for runs.
     """
-    _check_shapes(logp, old_logp, mask)
+    check_shapes(logp, old_logp, mask)
     if logp.dim() != 2:
         raise ValueError("clip_cov_loss takes one [B, T] batch; wrap it in dapo.losses.per_run")
     if not clip_cov_ratio > 0:
         raise ValueError(f"clip_cov_ratio must be > 0, got {clip_cov_ratio}")
     mask = mask.bool()
-    adv = _token_adv(advantages, logp)
+    adv = token_advantages(advantages, logp)
     old_logp = old_logp.detach()
     ratio = torch.exp(logp - old_logp)
     unclipped = -adv * ratio
@@ -225,13 +206,13 @@ def kl_cov_loss(
     ``eps_low``/``eps_high`` only feed the diagnostics. ``ppo_kl_coef`` defaults to
     verl's config default (0.1). One [B, T] batch: wrap in :func:`per_run` for runs.
     """
-    _check_shapes(logp, old_logp, mask)
+    check_shapes(logp, old_logp, mask)
     if logp.dim() != 2:
         raise ValueError("kl_cov_loss takes one [B, T] batch; wrap it in dapo.losses.per_run")
     if not kl_cov_ratio > 0:
         raise ValueError(f"kl_cov_ratio must be > 0, got {kl_cov_ratio}")
     mask = mask.bool()
-    adv = _token_adv(advantages, logp)
+    adv = token_advantages(advantages, logp)
     old_logp = old_logp.detach()
     log_ratio = logp - old_logp
     per_token = -adv * torch.exp(log_ratio)
@@ -267,7 +248,7 @@ def per_run(fn: Callable[..., Any]) -> Callable[..., tuple[Tensor, dict[str, Ten
         agg_denominator: Tensor | float | None = None,
         **kw: Any,
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        _check_shapes(logp, old_logp, mask)
+        check_shapes(logp, old_logp, mask)
 
         def one(
             lp: Tensor, old: Tensor, adv: Tensor, m: Tensor, den: Any

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from dapo.cliargs import UsageError
-from dapo.config import AGG_MODES
+from dapo.config import AGG_MODES, AlgoConfig, ConfigError
 
 from .check import MODES, check, format_table
 from .losses import BUILTIN, KNOBS, LossSpecError, resolve
@@ -32,12 +32,10 @@ def _knob(item: str) -> tuple[str, Any]:
         value = float(text)
     except ValueError:
         raise UsageError(f"--set {item!r}: {key} must be a number") from None
-    if not value > 0 or value == float("inf"):
-        raise UsageError(f"--set {item!r}: {key} must be a finite number > 0")
-    if key == "eps_low" and not value < 1:
-        raise UsageError(f"--set {item!r}: eps_low must lie in (0, 1)")
-    if key == "clip_ratio_c" and not value > 1:
-        raise UsageError(f"--set {item!r}: clip_ratio_c must be > 1 or none")
+    try:  # the ranges are AlgoConfig's own
+        AlgoConfig().replace(**{key: value})
+    except ConfigError as e:
+        raise UsageError(f"--set {item!r}: {e}") from None
     return key, value
 
 

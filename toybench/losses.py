@@ -80,28 +80,27 @@ class _Entry:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-ALL_KNOBS = KNOBS
 CLIP_AGG = ("eps_low", "eps_high", "loss_agg")
 
 BUILTIN: dict[str, _Entry] = {
     "dapo": _Entry(
         policy_loss,
         DAPO_KNOBS,
-        ALL_KNOBS,
+        KNOBS,
         ("entropy_collapse", "length_bias"),
         "DAPO (Yu et al. 2025) Eq. 10 + 12: Clip-Higher 0.2/0.28, token-mean",
     ),
     "grpo": _Entry(
         policy_loss,
         {**DAPO_KNOBS, "eps_high": 0.2, "loss_agg": "seq-mean-token-mean"},
-        ALL_KNOBS,
+        KNOBS,
         (),
         "GRPO (Shao et al. 2024) Eq. 3: symmetric 0.2, per-response mean (the unprotected baseline)",
     ),
     "dr_grpo": _Entry(
         policy_loss,
         {**DAPO_KNOBS, "eps_high": 0.2, "loss_agg": "seq-mean-token-sum-norm"},
-        ALL_KNOBS,
+        KNOBS,
         ("length_bias",),
         "Dr. GRPO (Liu et al. 2025): per-response token sum / a constant (claims no length bias)",
     ),
@@ -122,7 +121,7 @@ BUILTIN: dict[str, _Entry] = {
     ),
     "clip_cov": _Entry(
         dl.clip_cov_loss,
-        DAPO_KNOBS | {"eps_high": 0.2},
+        {**DAPO_KNOBS, "eps_high": 0.2},
         CLIP_AGG,
         ("entropy_collapse",),
         "Clip-Cov (Cui et al. 2025) Eq. 12-13: detach the gradient of high-covariance tokens",
@@ -130,7 +129,7 @@ BUILTIN: dict[str, _Entry] = {
     ),
     "kl_cov": _Entry(
         dl.kl_cov_loss,
-        DAPO_KNOBS | {"eps_high": 0.2},
+        {**DAPO_KNOBS, "eps_high": 0.2},
         ("loss_agg",),
         ("entropy_collapse",),
         "KL-Cov (Cui et al. 2025) Eq. 14: KL penalty on the top-covariance tokens",
@@ -247,7 +246,7 @@ def _user(name: str, params: dict[str, Any], spec: str) -> Loss:
         spec,
         _guarded(dl.per_run(fn), spec),
         dict(DAPO_KNOBS),
-        ALL_KNOBS,
+        KNOBS,
         ("entropy_collapse", "length_bias"),
         f"user function {name}, run with DAPO's loss knobs (claims what DAPO's loss claims)",
         params,

@@ -34,14 +34,12 @@ from torch import Tensor
 
 from dapo.losses import per_run
 
-from .losses import DAPO_KNOBS, Loss, LossSpecError, seeded_by_batch
+from .losses import CLIP_AGG, DAPO_KNOBS, Loss, LossSpecError, seeded_by_batch
 
 NO_DUAL_CLIP = 1e9
 """verl's ``clip_ratio_c`` for a run without a dual clip (verl asserts it is > 1)."""
 
 PEERS_HINT = "pip install -e '.[peers]' && pip install --no-deps verl==0.9.1 trl==1.16.0"
-
-_CLIP_AGG = ("eps_low", "eps_high", "loss_agg")
 
 VERL: dict[str, tuple[dict[str, Any], tuple[str, ...], tuple[str, ...], str]] = {
     # name: (recipe knobs, knobs it acts on, claims, source of the claims)
@@ -53,19 +51,19 @@ VERL: dict[str, tuple[dict[str, Any], tuple[str, ...], tuple[str, ...], str]] = 
     ),
     "gspo": (
         {**DAPO_KNOBS, "eps_low": 3e-4, "eps_high": 4e-4, "loss_agg": "seq-mean-token-mean"},
-        _CLIP_AGG,
+        CLIP_AGG,
         (),
         "verl GSPO-token, the GSPO paper's 3e-4/4e-4",
     ),
     "cispo": (
         {**DAPO_KNOBS, "eps_low": 0.99, "eps_high": 4.0},
-        _CLIP_AGG,
+        CLIP_AGG,
         ("entropy_collapse",),
         "verl CISPO; MiniMax-M1 claims it keeps the gradient of clipped rare tokens",
     ),
     "clip_cov": (
         {**DAPO_KNOBS, "eps_high": 0.2},
-        _CLIP_AGG,
+        CLIP_AGG,
         ("entropy_collapse",),
         "verl Clip-Cov; Cui et al. 2025 claim it prevents entropy collapse",
     ),
@@ -189,8 +187,8 @@ def verl_loss(name: str, params: dict[str, Any] | None = None) -> Any:
         eps_high: float,
         clip_ratio_c: float | None = None,
         agg: str = "token-mean",
-        agg_denominator: Any = None,
         norm_const: float | None = None,
+        **_: Any,  # agg_denominator: verl normalises by the mask it is given
     ) -> tuple[Tensor, dict[str, Tensor]]:
         cfg = _verl_config(
             name,
@@ -286,10 +284,8 @@ def trl_loss(loss_type: str, params: dict[str, Any] | None = None) -> Any:
         *,
         eps_low: float,
         eps_high: float,
-        clip_ratio_c: float | None = None,
-        agg: str = "token-mean",
-        agg_denominator: Any = None,
         norm_const: float | None = None,
+        **_: Any,  # no dual clip in TRL; loss_type fixes the aggregation and its normaliser
     ) -> tuple[Tensor, dict[str, Tensor]]:
         B, T = logp.shape
         me = _TRLStandIn(loss_type, eps_low, eps_high, int(norm_const or T), params)

@@ -132,6 +132,7 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
     gen = torch.Generator().manual_seed(spec.seed)
     policy = make_policy(spec, task, gen)
     optimizer = policy.make_optimizer(spec.lr)
+    loss_fn = resolve_loss(spec.loss).fn
     all_prompts = torch.arange(task.num_prompts)
     best = _best_paths(task)
 
@@ -169,7 +170,7 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
                 }
             )
         m.update(sampler.metrics())
-        m.update(update(batch, logp_fn, optimizer, cfg, loss_fn=resolve_loss(spec.loss).fn))
+        m.update(update(batch, logp_fn, optimizer, cfg, loss_fn=loss_fn))
         totals["responses"] += m["sampling/generated_groups"] * cfg.group_size
         totals["tokens"] += m["sampling/generated_tokens"]
         totals["opt_steps"] += m["actor/optimizer_steps"]
