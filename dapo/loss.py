@@ -179,7 +179,15 @@ def policy_loss(
     loss = aggregate(per_token, mask, agg, denominator=agg_denominator, norm_const=norm_const)
 
     stats = ratio_stats(
-        logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, dual=dual, log_ratio=log_ratio
+        logp,
+        old_logp,
+        adv,
+        mask,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        dual=dual,
+        log_ratio=log_ratio,
+        ratio=ratio,
     )
     return loss, stats
 
@@ -194,6 +202,7 @@ def ratio_stats(
     eps_high: float,
     dual: Tensor | None = None,
     log_ratio: Tensor | None = None,
+    ratio: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """The detached token statistics of :func:`policy_loss`, for any policy loss.
 
@@ -203,8 +212,8 @@ def ratio_stats(
     ``clipfrac_upper``, ``clipfrac_lower``, ``dual_clipfrac`` (from ``dual``, the tokens
     a dual clip capped; zero when None), ``upclip_old_prob``, ``approx_kl``,
     ``ratio_mean``, ``n_tokens`` and ``n_upclip``. Shapes as in :func:`policy_loss`;
-    ``log_ratio``, the clamped ``logp - old_logp`` when the caller has it, saves its
-    recomputation."""
+    ``log_ratio`` (the clamped ``logp - old_logp``) and ``ratio`` (its exp), when the
+    caller has them, save their recomputation (this runs per micro-batch)."""
     mask = mask.bool()
     adv = token_advantages(advantages, logp)
     if dual is None:
@@ -214,7 +223,7 @@ def ratio_stats(
             log_ratio = torch.clamp(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         log_ratio = log_ratio.detach()
         old = old_logp.detach()
-        ratio = torch.exp(log_ratio)
+        ratio = torch.exp(log_ratio) if ratio is None else ratio.detach()
         # one stacked reduction instead of one per statistic (this runs per micro-batch)
         up = mask & (adv > 0) & (ratio > 1.0 + eps_high)
         low = mask & (adv < 0) & (ratio < 1.0 - eps_low)
