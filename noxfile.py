@@ -2,7 +2,7 @@
 
     nox -s tests        every test: core, toy experiments, health, planner, scale trainer on CPU
     nox -s toy          the four failure-mode experiments + the ladder; writes the toy gate
-    nox -s report       toy reports: health diagnosis of the toy runs, the health suite
+    nox -s report       health reports: the toy runs diagnosed, the rule confusion matrix, the calibration
     nox -s scale_smoke  a tiny random Qwen2 through accelerate + vLLM on CPU: train, eval
     nox -s scale        the full run from a config (GPUs); refuses without the toy gate
     nox -s losses       every built-in, verl and TRL policy loss through the failure modes -> reports/losses/
@@ -93,8 +93,9 @@ def toy(session: nox.Session) -> None:
 
 @nox.session
 def report(session: nox.Session) -> None:
-    """Health diagnosis of the toy runs (reports with figures) and the rule confusion matrix."""
-    _install(session, "toy,report")
+    """Health diagnosis of the toy runs (reports with figures), the rule confusion matrix, and
+    the calibration on real public logs."""
+    _install(session, "toy,report,health")
     if not os.path.exists("runs/toy/summary.json"):
         session.run("dapo", "toy", "run", "all", "--seeds", "10", "--out", "runs/toy")
     for name in EXPERIMENTS:
@@ -109,6 +110,7 @@ def report(session: nox.Session) -> None:
             silent=True,
         )
     session.run("dapo", "toy", "health", "--seeds", "10", "--out", "runs/report/health")
+    session.run("python", "-m", "dapo.health.calibration", "--out", "runs/report/health", "--check")
 
 
 @nox.session

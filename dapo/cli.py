@@ -27,8 +27,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "diagnose": (
         "diagnose a run's metrics against reference curves",
-        "dapo.health_cli:main",
-        "dapo.health_cli:build_parser",
+        "dapo.health.cli:main",
+        "dapo.health.cli:build_parser",
     ),
     "train": (
         "full regime: DAPO training from a YAML config",

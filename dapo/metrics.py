@@ -61,6 +61,29 @@ SCHEMA: dict[str, str] = {
     "mismatch/logp_gap_max": "largest |old_logp - rollout_logp| over response tokens",
     "mismatch/tis_weight_mean": "mean truncated importance weight",
     "mismatch/tis_capped_frac": "fraction of tokens whose importance weight hit the cap",
+    # read from peers' logs by dapo diagnose (this project does not produce them)
+    "actor/ref_kl": "KL to the reference policy (TRL `kl`, verl `actor/kl_loss`; DAPO drops it)",
+    "rollout/groups_uniform": "fraction of groups whose rewards are all equal (TRL `frac_reward_zero_std`)",
+    "rollout/reward_std": "mean within-group standard deviation of the reward (TRL `reward_std`)",
+    "rollout/reward_max": "largest reward of the step (verl `critic/score/max`)",
+    "rollout/reward_min": "smallest reward of the step (verl `critic/score/min`)",
+    "rollout/advantage_abs_max": "largest |advantage| of the step (verl `critic/advantages/max`/`min`); 0: no signal",
+    # the trainer's live diagnosis (diagnose.every_steps; dapo.health.callback)
+    "health/verdict": "run verdict so far: 0 healthy, 1 warning, 2 failing, 3 inconclusive",
+    **{
+        f"health/{rule}": f"{rule} rule: -1 unknown, 0 healthy, 1 warning, 2 failing"
+        for rule in (
+            "entropy_collapse",
+            "entropy_explosion",
+            "vanishing_signal",
+            "not_learning",
+            "length_growth",
+            "truncation_noise",
+            "rollout_mismatch",
+            "kl_blowup",
+            "gradients",
+        )
+    },
 }
 
 

@@ -124,6 +124,13 @@ class OutputConfig:
 
 
 @dataclass(frozen=True)
+class DiagnoseConfig:
+    every_steps: int = 0
+    """Diagnose the run so far every N training steps (``dapo.health``) and write the verdicts
+    into that step's metrics as ``health/*`` (0: off). A change of verdict is also logged."""
+
+
+@dataclass(frozen=True)
 class RunConfig:
     algo: AlgoConfig
     model: ModelConfig
@@ -132,6 +139,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
 
     @property
     def gen_groups(self) -> int:
@@ -180,6 +188,8 @@ class RunConfig:
             )
         if not 0 < self.rollout.gpu_memory_utilization <= 1:
             raise ConfigError("rollout.gpu_memory_utilization", "must lie in (0, 1]")
+        if self.diagnose.every_steps < 0:
+            raise ConfigError("diagnose.every_steps", f"must be >= 0 (got {self.diagnose.every_steps})")
         if self.output.keep_checkpoints < 1:
             raise ConfigError("output.keep_checkpoints", "must be >= 1")
         for t in self.output.trackers:
@@ -194,6 +204,7 @@ _SECTIONS = {
     "train": TrainConfig,
     "eval": EvalConfig,
     "output": OutputConfig,
+    "diagnose": DiagnoseConfig,
 }
 
 

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 
 from dapo import DataParallel, DynamicSampler, RolloutBatch, config_reward, update
+from dapo.health.callback import HealthMonitor
+from dapo.health.knobs import from_config
 from dapo.rewards import score_integer_answer
 from dapo.sampling import SamplingWarning
 
@@ -190,7 +192,8 @@ class Trainer:
             self._check_contamination()
             if cfg.output.trackers:
                 self.acc.init_trackers("dapo", config=json.loads(json.dumps(cfg.to_dict(), default=str)))
-        self._trim_metrics_log()
+        self.health = HealthMonitor(cfg.diagnose.every_steps, knobs=from_config(cfg.to_dict()))
+        self.health.extend(self._trim_metrics_log())
 
     # ---- setup helpers ----------------------------------------------------------------
     def _unwrapped(self) -> Policy:
@@ -429,17 +432,16 @@ class Trainer:
     def _metrics_path(self) -> Path:
         return self.out / "metrics.jsonl"
 
-    def _trim_metrics_log(self) -> None:
-        """On resume, drop lines of steps that will run again (nothing duplicated or lost)."""
+    def _trim_metrics_log(self) -> list[dict[str, float]]:
+        """On resume, drop lines of steps that will run again (nothing duplicated or lost);
+        the rows kept."""
         path = self._metrics_path()
         if not self.acc.is_main_process or not path.is_file():
-            return
-        keep = [
-            line
-            for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", -1) < self.step
-        ]
-        path.write_text("".join(line + "\n" for line in keep))
+            return []
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        keep = [r for r in rows if r.get("step", -1) < self.step]
+        path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        return keep
 
     def _write_metrics(self, m: dict[str, float]) -> None:
         if not self.acc.is_main_process:
@@ -480,6 +482,10 @@ class Trainer:
             self.step += 1
             if c.eval.every and self.step % c.eval.every == 0:
                 m.update(self.evaluate())
+            verdicts, change = self.health.observe(m)
+            m.update(verdicts)
+            if change:
+                self.log(f"step {self.step}: {change}")
             self._write_metrics(m)
             history.append(m)
             if bar is not None:

@@ -65,7 +65,7 @@ def test_core_imports_without_any_extra():
         "        if name.split('.')[0] in BLOCK:\n"
         "            raise ImportError(f'blocked {name}')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import dapo, dapo.health, dapo.runlog, dapo.logprobs, dapo.update, dapo.cli\n"
+        "import dapo, dapo.health, dapo.health.readers, dapo.health.cli, dapo.logprobs, dapo.update, dapo.cli\n"
         "assert not any(m.split('.')[0] in BLOCK for m in sys.modules)\n"
         "print('ok')\n"
     )

@@ -75,7 +75,14 @@ def test_diagnose(capsys, tmp_path, metrics):
         ([m, "--reference", str(bad_ref)], ["--reference", "actor/entropy"]),
         ([m, "--reference", str(a_file)], ["--reference", "not valid JSON"]),
         ([m, "--report", str(a_file / "sub")], ["--report"]),
-        ([m, "--format", "trl"], ["--format trl", "try --format auto"]),
+        ([m, "--format", "verl-console"], ["--format verl-console", "try --format auto"]),
+        ([m, "--format", "trl"], ["--format", "trl"]),
+        ([m, "--knob", "eps_high=abc"], ["--knob", "eps_high", "abc"]),
+        ([m, "--knob", "nope=1"], ["--knob", "nope", "eps_high"]),
+        ([m, "--knob", "dynamic_sampling=maybe"], ["--knob", "dynamic_sampling", "true or false"]),
+        ([m, "--knob", "eps_high"], ["--knob", "NAME=VALUE"]),
+        ([m, "--follow", "--interval", "0"], ["--interval"]),
+        ([m, "--max-figures", "-1"], ["--max-figures"]),
         ([str(tmp_path / "nope.jsonl")], ["nope.jsonl"]),
     ]
     for argv, words in cases:

@@ -34,6 +34,8 @@ def test_presets_load_and_the_paper_setup_is_encoded():
         ("eval.top_p=0", "rollout.top_p"),
         ("output.trackers=[mlflow]", "output.trackers"),
         ("model.dtype=int8", "model.dtype"),
+        ("diagnose.every_steps=-1", "diagnose.every_steps"),
+        ("diagnose.every=5", "diagnose.every"),
     ],
 )
 def test_bad_values_name_the_field(override, field):

@@ -95,12 +95,16 @@ def test_policy_logprobs_equal_a_plain_forward(tiny):
 
 
 def test_hf_engine_three_steps_and_resume_equals_uninterrupted(tiny, tmp_path):
+    """Also the live diagnosis (diagnose.every_steps): verdicts in every row, the same after
+    a resume (the monitor is re-seeded from metrics.jsonl)."""
     a, b = tmp_path / "a", tmp_path / "b"
-    base = ["train", "--config", "tiny-cpu"]
+    base = ["train", "--config", "tiny-cpu", "diagnose.every_steps=1"]
     r = run_cli(base + overrides(tiny, a, "rollout.engine=hf"))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "step 1: health: start -> inconclusive" in r.stdout + r.stderr
     full = metrics(a)
     assert [m["step"] for m in full] == [0, 1, 2]
+    assert all(m["health/verdict"] in (0, 1, 2, 3) and "health/entropy_collapse" in m for m in full)
     assert sum(m["actor/optimizer_steps"] for m in full) > 0
     assert full[-1]["eval/problems"] == 8 and "eval/pass@4" in full[-1]
     r = run_cli(base + overrides(tiny, b, "rollout.engine=hf") + ["--steps", "2"])

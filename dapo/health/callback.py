@@ -1,0 +1,46 @@
+"""The trainer's live diagnosis (``diagnose.every_steps``): every N steps, the verdicts on the
+history so far, as ``health/*`` metrics in the step's own row (:data:`dapo.metrics.SCHEMA`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from .config import HealthConfig
+from .rules import Knobs
+from .verdict import SEVERITY, VERDICT_CODE, diagnose, verdict
+
+
+class HealthMonitor:
+    """Collects the logged rows; :meth:`observe` adds the verdicts every ``every_steps``."""
+
+    def __init__(self, every_steps: int, config: HealthConfig = HealthConfig(), knobs: Knobs | None = None):
+        if every_steps < 0:
+            raise ValueError(f"every_steps: must be >= 0, got {every_steps}")
+        self.every_steps, self.config, self.knobs = every_steps, config, dict(knobs or {})
+        self.history: list[dict[str, float]] = []
+        self.last: str | None = None
+
+    def extend(self, rows: Iterable[Mapping[str, float]]) -> None:
+        """Rows logged before (a resumed run's ``metrics.jsonl``)."""
+        self.history.extend(dict(r) for r in rows)
+
+    def observe(self, metrics: Mapping[str, float]) -> tuple[dict[str, float], str | None]:
+        """Record one step's row. On every ``every_steps``-th step, return the ``health/*``
+        metrics (``health/verdict``: 0 healthy, 1 warning, 2 failing, 3 inconclusive;
+        ``health/<rule>``: -1 unknown, 0 healthy, 1 warning, 2 failing) and, when the verdict
+        changed, a line saying so."""
+        self.history.append(dict(metrics))
+        if not self.every_steps or len(self.history) % self.every_steps:
+            return {}, None
+        findings = diagnose(self.history, self.config, self.knobs)
+        v = verdict(findings, self.config)
+        out = {"health/verdict": float(VERDICT_CODE[v.status])}
+        out.update({f"health/{f.rule}": float(SEVERITY[f.status]) for f in findings})
+        line = None
+        if v.status != self.last:
+            bad = [f"{f.rule} {f.status}" for f in findings if f.status in ("warning", "failing")]
+            line = f"health: {self.last or 'start'} -> {v.headline()}" + (
+                f": {', '.join(bad)}" if bad else ""
+            )
+            self.last = v.status
+        return out, line

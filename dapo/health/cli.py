@@ -1,0 +1,240 @@
+"""``dapo diagnose RUN``: is this run healthy, and if not, what should change?
+
+Exit status: 0, or 1 when a run reaches ``--fail-on``; 3 when ``--fail-on`` is given and a run
+is inconclusive (too few rules could judge it) without reaching that level; 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..cliargs import Float, InFile, Int, OutDir, Parser, Text, UsageError
+from .config import HealthConfig
+from .follow import follow
+from .knobs import merge
+from .readers import FORMATS, READERS, RunLogError, read_runs
+from .references import PAPER_REFERENCES, ReferenceCurve
+from .report import write_report
+from .verdict import SEVERITY, Finding, diagnose, verdict
+
+EXIT_FAIL, EXIT_USAGE, EXIT_INCONCLUSIVE = 1, 2, 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="dapo diagnose",
+        description=(
+            "Diagnose a training log: one verdict per failure mode (healthy / warning / failing / unknown), the "
+            "step it started, the evidence and what to change; the run's verdict is healthy only when most rules "
+            "could judge it (otherwise inconclusive). Exit: 1 when a run reaches --fail-on, 3 when --fail-on is "
+            "given and a run is inconclusive, 2 for bad input."
+        ),
+    )
+    p.add_argument(
+        "run",
+        type=Text(),
+        help="a log file or run directory: "
+        + "; ".join(f"{r.describe}" for r in READERS.values())
+        + " (format detected from the file)",
+    )
+    p.add_argument(
+        "--format", choices=FORMATS, default="auto", help="read the log as this format (default: detect)"
+    )
+    p.add_argument(
+        "--run-label",
+        type=Text(),
+        default=None,
+        help="only this run of a multi-run file (e.g. arm=dapo/seed=0)",
+    )
+    p.add_argument(
+        "--report", type=OutDir(), default=None, help="write report.md and one figure per run here"
+    )
+    p.add_argument(
+        "--max-figures",
+        type=Int(lo=0),
+        default=12,
+        help="figures for at most this many runs (the report says so)",
+    )
+    p.add_argument(
+        "--reference",
+        type=Text(),
+        default="paper",
+        help="reference bands for the figures (drawn only where the run is in their units): 'paper' (Fig. 7 "
+        "shapes), 'none', or a JSON file {metric: {source, progress, low, high, note?}}",
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=["warning", "failing"],
+        default=None,
+        help="exit 1 if any run reaches this level; exit 3 if a run is inconclusive instead",
+    )
+    p.add_argument("--json", action="store_true", help="print verdicts and findings as JSON")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        type=Text(),
+        metavar="THRESHOLD=VALUE",
+        help="override a HealthConfig threshold, e.g. --set entropy_fail_frac=0.4",
+    )
+    p.add_argument(
+        "--knob",
+        action="append",
+        default=[],
+        type=Text(),
+        metavar="NAME=VALUE",
+        help="the run's own setting, for the advice (e.g. --knob eps_high=0.28); a run directory's "
+        "config.json is read too",
+    )
+    p.add_argument(
+        "--follow", action="store_true", help="keep re-reading the log; print a line when a verdict changes"
+    )
+    p.add_argument(
+        "--interval", type=Float(lo=0, lo_open=True), default=10.0, help="--follow: seconds between reads"
+    )
+    p.add_argument(
+        "--until-idle",
+        type=Float(lo=0, lo_open=True),
+        default=None,
+        help="--follow: stop once the log has not changed for this many seconds (default: until interrupted)",
+    )
+    return p
+
+
+def _config(items: list[str]) -> HealthConfig:
+    """``--set NAME=VALUE`` items as a checked :class:`HealthConfig`."""
+    values: dict[str, Any] = {}
+    defaults = HealthConfig()
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise UsageError(f"--set {item!r}: expected THRESHOLD=VALUE")
+        if key not in HealthConfig.__dataclass_fields__:
+            raise UsageError(
+                f"--set: unknown threshold {key!r}; known: {', '.join(sorted(HealthConfig.__dataclass_fields__))}"
+            )
+        kind = type(getattr(defaults, key))
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise UsageError(f"--set {key}: expected {kind.__name__}, got {raw!r}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"--set {key}: must be finite, got {raw!r}")
+        values[key] = value
+    try:
+        return HealthConfig(**values)
+    except ValueError as err:
+        raise UsageError(f"--set: {err}") from None
+
+
+def _references(spec: str) -> dict[str, ReferenceCurve]:
+    if spec == "none":
+        return {}
+    if spec == "paper":
+        return PAPER_REFERENCES
+    try:
+        path = InFile("json")(spec)
+    except argparse.ArgumentTypeError as err:
+        raise UsageError(f"--reference: expected 'paper', 'none' or a JSON file; {err}") from None
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise UsageError(f"--reference {spec}: expected a JSON object of metric -> curve")
+    curves = {}
+    for k, v in data.items():
+        try:
+            curves[k] = ReferenceCurve(
+                metric=k,
+                source=str(v["source"]),
+                progress=tuple(float(x) for x in v["progress"]),
+                low=tuple(float(x) for x in v["low"]),
+                high=tuple(float(x) for x in v["high"]),
+                note=str(v.get("note", "")),
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise UsageError(
+                f"--reference {spec}: curve {k!r}: needs source, progress, low and high (lists of numbers): {err!r}"
+            ) from None
+        if not len(curves[k].progress) == len(curves[k].low) == len(curves[k].high):
+            raise UsageError(f"--reference {spec}: curve {k!r}: progress, low and high differ in length")
+    return curves
+
+
+def format_findings(label: str, findings: list[Finding], config: HealthConfig = HealthConfig()) -> str:
+    lines = [f"== {label}: {verdict(findings, config).headline()}"]
+    for f in findings:
+        since = f" since step {f.start_step:g}" if f.start_step is not None else ""
+        lines.append(f"  {f.status:<8} {f.title}{since}")
+        lines.append(f"           evidence: {f.evidence}")
+        if f.status in ("warning", "failing"):
+            lines.append(f"           do:       {f.advice}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = _config(args.set)
+    references = _references(args.reference)  # checked even without --report: a typo is not ignored
+    try:
+        knobs = merge(Path(args.run), args.knob)
+    except ValueError as err:
+        raise UsageError(f"--knob {err}") from None
+    try:
+        if args.follow:
+            follow(
+                args.run,
+                args.format,
+                cfg,
+                knobs,
+                args.interval,
+                args.until_idle,
+                lambda s: print(s, flush=True),
+            )
+            return 0
+        runs, notes, fmt = read_runs(args.run, args.format)
+    except (RunLogError, OSError) as err:
+        print(f"dapo diagnose: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 0
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    if args.run_label:
+        if args.run_label not in runs:
+            print(
+                f"dapo diagnose: no run {args.run_label!r}; runs: {', '.join(list(runs)[:20])}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        runs = {args.run_label: runs[args.run_label]}
+    results = {label: diagnose(run, cfg, knobs) for label, run in runs.items()}
+    verdicts = {label: verdict(fs, cfg) for label, fs in results.items()}
+    if args.json:
+        out = {
+            label: {
+                "format": fmt,
+                "verdict": verdicts[label].status,
+                "judged": verdicts[label].judged,
+                "unknown": verdicts[label].unknown,
+                "findings": [f.__dict__ for f in fs],
+            }
+            for label, fs in results.items()
+        }
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"format: {fmt}")
+        print("\n\n".join(format_findings(label, fs, cfg) for label, fs in results.items()))
+    if args.report:
+        write_report(args.report, args.run, runs, results, references, cfg, args.max_figures)
+        print(f"\nreport: {args.report / 'report.md'}")
+    if args.fail_on:
+        level = SEVERITY[args.fail_on]
+        if any(SEVERITY[f.status] >= level for fs in results.values() for f in fs):
+            return EXIT_FAIL
+        if any(v.status == "inconclusive" for v in verdicts.values()):
+            return EXIT_INCONCLUSIVE
+    return 0

@@ -1,0 +1,128 @@
+"""Peers' metric names -> :data:`dapo.metrics.SCHEMA`. One vocabulary for every reader: a name
+means the same in every log that uses it, so the framework need not be known. W&B and
+TensorBoard prefix TRL's and OpenRLHF's names with ``train/``; the prefix is stripped when the
+rest is a known name."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from ...metrics import SCHEMA
+
+VERL = {
+    "actor/entropy": "actor/entropy",
+    "actor/entropy_loss": "actor/entropy",  # before verl 0.4 the entropy was logged under this name
+    "actor/pg_clipfrac": "actor/clipfrac_upper",  # both clip sides; read as the upper one
+    "actor/pg_clipfrac_lower": "actor/clipfrac_lower",
+    "actor/ppo_kl": "actor/approx_kl",
+    "actor/kl_loss": "actor/ref_kl",
+    "actor/grad_norm": "actor/grad_norm",
+    "actor/pg_loss": "actor/loss",
+    "response_length/mean": "rollout/length_mean",
+    "response_length/max": "rollout/length_max",
+    "response_length/clip_ratio": "rollout/truncation_rate",
+    "critic/score/mean": "rollout/reward_mean",
+    "critic/score/max": "rollout/reward_max",
+    "critic/score/min": "rollout/reward_min",
+    "train/num_gen_batches": "sampling/rounds",
+    "training/rollout_probs_diff_mean": "mismatch/logp_gap",
+}
+"""verl (``metric_utils.compute_data_metrics`` and the actor) -> this schema."""
+
+TRL = {
+    "entropy": "actor/entropy",
+    "clip_ratio/high_mean": "actor/clipfrac_upper",
+    "clip_ratio/low_mean": "actor/clipfrac_lower",
+    "clip_ratio": "actor/clipfrac_upper",  # TRL < 0.17: one clip fraction
+    "completions/mean_length": "rollout/length_mean",
+    "completion_length": "rollout/length_mean",  # TRL < 0.16
+    "completions/max_length": "rollout/length_max",
+    "completions/clipped_ratio": "rollout/truncation_rate",
+    "frac_reward_zero_std": "rollout/groups_uniform",  # groups whose rewards are all equal
+    "reward": "rollout/reward_mean",
+    "reward_std": "rollout/reward_std",
+    "grad_norm": "actor/grad_norm",
+    "kl": "actor/ref_kl",
+    "loss": "actor/loss",
+}
+"""TRL GRPOTrainer -> this schema. ``kl`` is the KL to the reference model."""
+
+OPENRLHF = {
+    "policy_loss": "actor/loss",
+    "response_length": "rollout/length_mean",
+}
+"""OpenRLHF's PPO trainer status (``train/<name>`` in W&B and TensorBoard, with
+``train/global_step``); its ``reward`` and ``kl`` (to the reference) read as TRL's."""
+
+FALLBACK = {
+    "critic/rewards/mean": "rollout/reward_mean",  # verl: reward after the KL penalty
+    "rewards/mean": "rollout/reward_mean",
+    "reward/mean": "rollout/reward_mean",
+}
+"""Used only where the row has no better source for the same metric."""
+
+NAMES = {**OPENRLHF, **TRL, **VERL}
+ACCURACY = re.compile(r"^(?:train/)?rewards?/(?:accuracy|correctness|correct|acc)\w*?(?:/mean)?$")
+"""TRL's per-function reward columns that are an accuracy (0/1 per response)."""
+
+
+def metric_name(key: str) -> str | None:
+    """The schema name a log's key stands for, or None for a key this tool does not read."""
+    if key in SCHEMA and key != "step":
+        return key
+    if key in NAMES:
+        return NAMES[key]
+    if key.startswith("train/") and key[6:] in NAMES:
+        return NAMES[key[6:]]
+    if ACCURACY.match(key):
+        return "rollout/accuracy"
+    return None
+
+
+def _share(row: dict[str, Any], out: dict[str, float]) -> None:
+    """verl DAPO's ``batch/solve_none`` / ``batch/solve_all``: counts of prompts whose answers
+    were all wrong / all right (with ``batch/solve_partial``), or shares (prime-rl)."""
+    none, full = row.get("batch/solve_none"), row.get("batch/solve_all")
+    if not isinstance(none, (int, float)) or not isinstance(full, (int, float)):
+        return
+    partial = row.get("batch/solve_partial")
+    total = none + full + partial if isinstance(partial, (int, float)) else row.get("batch/num_tasks")
+    if isinstance(total, (int, float)) and total > 0:
+        none, full = none / total, full / total
+    elif max(none, full) > 1 or none + full > 1:
+        return  # counts without a total: no share
+    out.setdefault("rollout/groups_all_wrong", float(none))
+    out.setdefault("rollout/groups_all_correct", float(full))
+
+
+def normalize(row: dict[str, Any]) -> dict[str, float]:
+    """A log row in this schema: known metrics only, numbers only (NaN/inf kept as evidence)."""
+    out: dict[str, float] = {}
+    for key, value in row.items():
+        name = metric_name(key)
+        if name is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = float(value)
+    for key, name in FALLBACK.items():
+        if name not in out and isinstance(row.get(key), (int, float)):
+            out[name] = float(row[key])
+    amax, amin = row.get("critic/advantages/max"), row.get("critic/advantages/min")
+    if isinstance(amax, (int, float)) and isinstance(amin, (int, float)):
+        out["rollout/advantage_abs_max"] = max(abs(float(amax)), abs(float(amin)))
+    _share(row, out)
+    return out
+
+
+def number(text: str) -> float | None:
+    """A number as logs print it: ``0.5``, ``nan``, ``-inf``, ``np.float64(0.5)``,
+    ``tensor(0.5)``; None for anything else."""
+    text = text.strip()
+    m = re.fullmatch(r"(?:np\.\w+|numpy\.\w+|tensor|float)\((.*?)(?:,.*)?\)", text)
+    if m:
+        text = m.group(1).strip()
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) or text.lower().lstrip("+-") in ("nan", "inf", "infinity") else None

@@ -1,0 +1,31 @@
+"""The health rules, one module each: ``check(run, config, knobs) -> Judgement``. A new rule is
+one module here plus its line in :data:`RULES`."""
+
+from __future__ import annotations
+
+from . import (
+    entropy_collapse,
+    entropy_explosion,
+    gradients,
+    kl_blowup,
+    length_growth,
+    not_learning,
+    rollout_mismatch,
+    truncation_noise,
+    vanishing_signal,
+)
+from .base import KNOBS, NOT_LOGGED, TOO_FEW_STEPS, Judgement, Knobs, Rule
+
+RULES: tuple[Rule, ...] = (
+    entropy_collapse.RULE,
+    entropy_explosion.RULE,
+    vanishing_signal.RULE,
+    not_learning.RULE,
+    length_growth.RULE,
+    truncation_noise.RULE,
+    rollout_mismatch.RULE,
+    kl_blowup.RULE,
+    gradients.RULE,
+)
+
+__all__ = ["KNOBS", "NOT_LOGGED", "RULES", "TOO_FEW_STEPS", "Judgement", "Knobs", "Rule"]

@@ -1,0 +1,88 @@
+"""Vanishing signal (paper Fig. 3b): the share of groups whose responses all score alike
+(accuracy 1 or 0, so advantage 0 and no gradient) is high and rising, or dynamic sampling
+needs more and more rounds / cannot fill the batch. A gradient norm or advantages of exactly
+0 say the same thing directly."""
+
+from __future__ import annotations
+
+from ..config import HealthConfig
+from ..series import Run, Series, mean, series, slope
+from .base import Judgement, Knobs, Rule, not_logged, too_few, worse
+
+
+def uniform_share(run: Run) -> Series:
+    """Share of groups with accuracy 0 or 1: logged directly, or all-correct + all-wrong."""
+    s = series(run, "rollout/groups_uniform")
+    if s:
+        return s
+    a, b = series(run, "rollout/groups_all_correct"), series(run, "rollout/groups_all_wrong")
+    both = dict(zip(a.steps, a.values))
+    pairs = [(x, both[x] + v) for x, v in zip(b.steps, b.values) if x in both]
+    return Series([p[0] for p in pairs], [p[1] for p in pairs])
+
+
+def _zero_grads(run: Run, c: HealthConfig) -> tuple[float | None, str]:
+    """(first step, evidence) when most recent gradient norms are exactly 0, else (None, "")."""
+    gn = series(run, "actor/grad_norm")
+    if not gn.covers(c, 2) or mean([float(v == 0) for v in gn.tail(c)]) <= 0.5:
+        return None, ""
+    zeros = [x for x, v in zip(gn.steps, gn.values) if v == 0]
+    return zeros[0], f"grad norm exactly 0 in {len(zeros)} of {len(gn)} rows"
+
+
+def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
+    share, rounds = uniform_share(run), series(run, "sampling/rounds")
+    under, adv = series(run, "sampling/underfilled"), series(run, "rollout/advantage_abs_max")
+    zero_at, zero_ev = _zero_grads(run, c)
+    if not (share.covers(c, 2) or rounds.covers(c, 2) or adv.covers(c, 2)):
+        if zero_at is not None:  # no gradient at all says it directly
+            return Judgement("failing", zero_at, zero_ev)
+        if not (share or rounds or adv):
+            return not_logged("group accuracy shares", "sampling/rounds", "advantages")
+        longest = max((share, rounds, adv), key=len)
+        return too_few(longest, c, 2, "group shares / sampling rounds")
+    ds_active = (bool(rounds) and max(rounds.values) > 1) or knobs.get("dynamic_sampling") is True
+    status, since, parts = "healthy", None, []
+    if share.covers(c, 2):
+        head, now = mean(share.head(c)), mean(share.tail(c))
+        parts.append(f"groups with accuracy 0 or 1: {head:.2f} -> {now:.2f}")
+        if not ds_active and now >= c.uniform_fail:
+            status = "failing"
+        elif not ds_active and now >= c.uniform_warn and now > head + 0.1:
+            status = "warning"
+        if status != "healthy":
+            since = share.onset(c, lambda v: v >= c.uniform_warn)
+    if adv.covers(c, 2):
+        zero = [x for x, v in zip(adv.steps, adv.values) if v == 0]
+        parts.append(f"advantages exactly 0 in {len(zero)} of {len(adv)} rows")
+        if mean([float(v == 0) for v in adv.tail(c)]) > 0.5:
+            status, since = "failing", since if since is not None else zero[0]
+    if zero_at is not None:
+        parts.append(zero_ev)
+        status, since = "failing", since if since is not None else zero_at
+    if rounds.covers(c, 2):
+        r_now = mean(rounds.tail(c))
+        parts.append(f"dynamic-sampling rounds {mean(rounds.head(c)):.1f} -> {r_now:.1f}")
+        recent = rounds.after(rounds.steps[-1] - 2 * rounds.window(c))
+        if under and mean(under.tail(c)) > 0.5:
+            parts.append(f"batch underfilled in {mean(under.tail(c)):.0%} of recent steps")
+            status = "failing"
+            since = since if since is not None else under.onset(c, lambda v: v > 0.5)
+        elif ds_active and r_now >= c.rounds_warn and slope(recent.steps, recent.values) > 0:
+            if worse(status, "warning") != status:
+                status, since = "warning", rounds.onset(c, lambda v: v >= c.rounds_warn)
+    advice = None
+    if status != "healthy" and ds_active:
+        advice = (
+            "dynamic sampling is already on: filter the data by pass rate (drop prompts always solved "
+            "or never solved) or raise algo.max_gen_rounds"
+        )
+    return Judgement(status, since, "; ".join(parts), advice)
+
+
+RULE = Rule(
+    "vanishing_signal",
+    "Vanishing signal (zero-gradient groups)",
+    "Dynamic sampling: algo.dynamic_sampling=true",
+    check,
+)

@@ -1,0 +1,134 @@
+"""A metric over training steps, and the step-based windows the rules judge it by.
+
+A run is a list of metric dicts (:data:`dapo.metrics.SCHEMA` names plus ``step``), sorted by
+step. Values may be non-finite (a NaN loss is evidence); :func:`series` keeps only finite
+ones and :func:`nonfinite_steps` counts the rest.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .config import HealthConfig
+
+Run = Sequence[dict[str, float]]
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class Series:
+    """Finite values of one metric and the training steps they were logged at."""
+
+    steps: list[float]
+    values: list[float]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @property
+    def interval(self) -> float:
+        """Typical steps between two logged rows (1 when every step is logged)."""
+        gaps = [b - a for a, b in zip(self.steps, self.steps[1:]) if b > a]
+        return statistics.median(gaps) if gaps else 1.0
+
+    @property
+    def span(self) -> float:
+        """Training steps the series covers (first to last row, plus one logging interval)."""
+        return self.steps[-1] - self.steps[0] + self.interval if self.steps else 0.0
+
+    def window(self, c: HealthConfig) -> float:
+        """The window in steps: ``c.window``, widened so it holds ``c.min_points`` rows."""
+        return max(float(c.window), c.min_points * self.interval)
+
+    def covers(self, c: HealthConfig, windows: float) -> bool:
+        """Whether the series spans ``windows`` windows (and holds enough rows for them)."""
+        return len(self) >= windows * c.min_points and self.span >= windows * self.window(c)
+
+    def head(self, c: HealthConfig) -> list[float]:
+        """Values in the first window of steps."""
+        end = self.steps[0] + self.window(c)
+        return [v for s, v in zip(self.steps, self.values) if s < end]
+
+    def tail(self, c: HealthConfig) -> list[float]:
+        """Values in the last window of steps."""
+        start = self.steps[-1] - self.window(c)
+        return [v for s, v in zip(self.steps, self.values) if s > start]
+
+    def after(self, step: float) -> Series:
+        """The part of the series from ``step`` on."""
+        keep = [i for i, s in enumerate(self.steps) if s >= step]
+        return Series([self.steps[i] for i in keep], [self.values[i] for i in keep])
+
+    def moving(self, c: HealthConfig) -> list[float]:
+        """Mean over the window of steps ending at each row."""
+        w = self.window(c)
+        out, lo = [], 0
+        for i, s in enumerate(self.steps):
+            while self.steps[lo] <= s - w:
+                lo += 1
+            out.append(mean(self.values[lo : i + 1]))
+        return out
+
+    def onset(self, c: HealthConfig, bad: Callable[[float], bool]) -> float | None:
+        """The step where a condition on the moving mean started holding for good, corrected for
+        the smoothing lag: the first row of the last window that already met it."""
+        flags = [bad(m) for m in self.moving(c)]
+        if not flags or not flags[-1]:
+            return None
+        i = len(flags) - 1
+        while i > 0 and flags[i - 1]:
+            i -= 1
+        w = self.window(c)
+        for j in range(i + 1):
+            if self.steps[j] > self.steps[i] - w and all(bad(y) for y in self.values[j : i + 1]):
+                return self.steps[j]
+        return self.steps[i]
+
+
+def series(run: Run, key: str) -> Series:
+    """The finite values of ``key`` and their steps (the row index where a row has no step)."""
+    xs, ys = [], []
+    for i, row in enumerate(run):
+        v = row.get(key)
+        if _number(v) and math.isfinite(v):  # type: ignore[arg-type]
+            xs.append(float(row.get("step", i)))
+            ys.append(float(v))  # type: ignore[arg-type]
+    return Series(xs, ys)
+
+
+def nonfinite_steps(run: Run, key: str) -> list[float]:
+    """Steps where ``key`` was logged as NaN or infinite."""
+    return [
+        float(row.get("step", i))
+        for i, row in enumerate(run)
+        if _number(row.get(key)) and not math.isfinite(row[key])
+    ]
+
+
+def logged(run: Run, key: str) -> bool:
+    """Whether ``key`` occurs in the run at all (finite or not)."""
+    return any(key in row for row in run)
+
+
+def mean(v: Sequence[float]) -> float:
+    return sum(v) / len(v) if v else math.nan
+
+
+def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope of ``ys`` over ``xs`` (0 for fewer than two points)."""
+    if len(xs) < 2:
+        return 0.0
+    mx, my = mean(xs), mean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
+
+
+def stderr(v: Sequence[float]) -> float:
+    """Standard error of the mean of ``v`` (0 for fewer than two values)."""
+    return statistics.stdev(v) / math.sqrt(len(v)) if len(v) > 1 else 0.0

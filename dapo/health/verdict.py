@@ -1,0 +1,86 @@
+"""Apply the rules to a run: one :class:`Finding` per rule, and the run's overall verdict
+(healthy / warning / failing / inconclusive)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .config import HealthConfig
+from .rules import RULES, Knobs, Rule
+from .rules.base import SEVERITY as SEVERITY
+from .series import Run
+
+STATUSES = ("healthy", "warning", "failing", "unknown")
+VERDICTS = ("healthy", "warning", "failing", "inconclusive")
+VERDICT_CODE = {"healthy": 0, "warning": 1, "failing": 2, "inconclusive": 3}
+"""Numeric codes of the verdicts (``health/*`` metrics of the trainer callback)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One rule's verdict on one run."""
+
+    rule: str
+    title: str
+    status: str
+    """healthy, warning, failing or unknown."""
+    start_step: float | None
+    evidence: str
+    advice: str
+    """What to change: the rule's knob, or what the run's own knobs and metrics call for."""
+    reason: str = ""
+    """Why the rule could not judge (``not logged`` / ``too few steps``), for unknown."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The run's headline."""
+
+    status: str
+    """healthy, warning, failing or inconclusive."""
+    judged: int
+    """Rules that could judge the run."""
+    unknown: dict[str, list[str]]
+    """Rules that could not, by reason (``not logged``, ``too few steps``)."""
+
+    def headline(self) -> str:
+        n = sum(len(v) for v in self.unknown.values())
+        if not n:
+            return f"{self.status} (all {self.judged} rules judged)"
+        why = ", ".join(f"{len(v)} {reason}" for reason, v in self.unknown.items())
+        return f"{self.status} ({n} of {self.judged + n} rules could not judge: {why})"
+
+
+def diagnose(
+    run: Run, config: HealthConfig = HealthConfig(), knobs: Knobs | None = None, rules: Sequence[Rule] = RULES
+) -> list[Finding]:
+    """Apply every rule to ``run`` (sorted by step here). ``knobs``: the run's own settings where
+    known (:data:`dapo.health.rules.KNOBS`), which the advice takes into account."""
+    run = sorted(run, key=lambda r: r.get("step", 0))
+    out = []
+    for rule in rules:
+        j = rule.check(run, config, knobs or {})
+        out.append(
+            Finding(rule.name, rule.title, j.status, j.since, j.evidence, j.advice or rule.knob, j.reason)
+        )
+    return out
+
+
+def verdict(findings: Sequence[Finding], config: HealthConfig = HealthConfig()) -> Verdict:
+    """Failing or warning as soon as one judged rule says so (each rule's evidence stands on its
+    own); healthy only if more than ``config.min_judged_frac`` of the rules could judge;
+    otherwise inconclusive."""
+    unknown: dict[str, list[str]] = {}
+    for f in findings:
+        if f.status == "unknown":
+            unknown.setdefault(f.reason or "unknown", []).append(f.rule)
+    judged = len(findings) - sum(len(v) for v in unknown.values())
+    worst = max((f.status for f in findings if f.status != "unknown"), key=SEVERITY.__getitem__, default=None)
+    if worst in ("warning", "failing"):
+        status = worst
+    elif findings and judged > config.min_judged_frac * len(findings):
+        status = "healthy"
+    else:
+        status = "inconclusive"
+    return Verdict(status, judged, unknown)
