@@ -43,6 +43,7 @@ def write_report(
     """Write ``report.md`` and the figures (seaborn, when installed) to ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     first = next(iter(results.values()))
+    verdicts = {label: verdict(fs, config) for label, fs in results.items()}
     lines = [
         f"# Health report: `{source}`",
         "",
@@ -55,12 +56,14 @@ def write_report(
     ]
     for label, fs in results.items():
         cells = [f.status + (f" (step {f.start_step:g})" if f.start_step is not None else "") for f in fs]
-        lines.append(f"| {label} | {verdict(fs, config).status} | " + " | ".join(cells) + " |")
-    figures, notes = plots(out, source, runs, results, references, max_figures)
+        lines.append(f"| {label} | {verdicts[label].status} | " + " | ".join(cells) + " |")
+    figures, notes = plots(
+        out, source, runs, results, {k: v.status for k, v in verdicts.items()}, references, max_figures
+    )
     if len(runs) > max_figures:
         lines += ["", f"Figures for the first {max_figures} of {len(runs)} runs (`--max-figures`)."]
     for label, fs in results.items():
-        lines += ["", f"## {label}: {verdict(fs, config).headline()}", ""]
+        lines += ["", f"## {label}: {verdicts[label].headline()}", ""]
         for f in fs:
             since = f" since step {f.start_step:g}" if f.start_step is not None else ""
             why = f" ({f.reason})" if f.reason else ""
@@ -87,11 +90,12 @@ def plots(
     source: str,
     runs: Mapping[str, Run],
     results: Mapping[str, Sequence[Finding]],
+    headline: Mapping[str, str],
     references: Mapping[str, ReferenceCurve],
     max_figures: int,
 ) -> tuple[dict[str, str], dict[str, list[str]]]:
-    """One PNG per run (the first ``max_figures``): file names and, per run, what each panel's
-    background shows."""
+    """One PNG per run (the first ``max_figures``), titled with the run's verdict
+    (``headline``): file names and, per run, what each panel's background shows."""
     try:
         import matplotlib
 
@@ -137,7 +141,7 @@ def plots(
             ax.legend(fontsize=6)
         for ax in list(axes.flat)[len(panels) :]:
             ax.set_visible(False)
-        fig.suptitle(f"{label}: {verdict(results[label]).status}  ({source})", fontsize=10)
+        fig.suptitle(f"{label}: {headline[label]}  ({source})", fontsize=10)
         fig.tight_layout()
         name = f"run{n}.png"
         fig.savefig(out / name, dpi=90)

@@ -60,6 +60,10 @@ class Series:
         start = self.steps[-1] - self.window(c)
         return [v for s, v in zip(self.steps, self.values) if s > start]
 
+    def recent(self, c: HealthConfig, windows: float = 2) -> Series:
+        """The last ``windows`` windows of the series (for a trend: still rising or falling?)."""
+        return self.after(self.steps[-1] - windows * self.window(c)) if self.steps else self
+
     def after(self, step: float) -> Series:
         """The part of the series from ``step`` on."""
         keep = [i for i, s in enumerate(self.steps) if s >= step]

@@ -15,7 +15,7 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
         return judged
     s, start, now = judged
     ratio = now / start
-    recent = s.after(s.steps[-1] - 2 * s.window(c))
+    recent = s.recent(c)
     rising = slope(recent.steps, recent.values) > 0
     ev = f"entropy {start:.3f} -> {now:.3f} ({ratio:.2f}x its start)" + (", still rising" if rising else "")
     if ratio >= c.entropy_explode_fail:

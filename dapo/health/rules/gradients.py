@@ -78,7 +78,7 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
                     status = worse(status, "warning")
                 else:  # one spike under the blow-up level: clipped, and the run recovered
                     parts[-1] += ", isolated"
-                if status != "healthy" or big:
+                if status != "healthy":
                     at(spikes[0][0])
     advice = None
     if zero_runs and not spikes and not bad:

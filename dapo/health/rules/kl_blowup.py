@@ -10,7 +10,7 @@ import statistics
 
 from ..config import HealthConfig
 from ..series import Run, mean, nonfinite_steps, series
-from .base import Judgement, Knobs, Rule, not_logged, too_few
+from .base import Judgement, Knobs, Rule, not_logged, too_few, worse
 
 KL_METRICS = ("actor/approx_kl", "actor/ref_kl")
 
@@ -35,10 +35,8 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
         now = mean(s.tail(c))
         parts.append(f"{key} median {level:.3g}, now {now:.3g}, max {peak:.3g} at step {peak_at:g}")
         if peak > c.kl_blowup**2 * level or now > c.kl_blowup * level:
-            level_status = "failing" if peak > c.kl_blowup**2 * level else "warning"
+            status = worse(status, "failing" if peak > c.kl_blowup**2 * level else "warning")
             first = next(x for x, v in zip(s.steps, s.values) if v > c.kl_blowup * level)
-            if level_status == "failing" or status == "healthy":
-                status = level_status
             since = first if since is None else min(since, first)
     if not judged:
         longest = max((series(run, k) for k in present), key=len)

@@ -16,7 +16,7 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     if not tr.covers(c, 1):
         return too_few(tr, c, 1, "rollout/truncation_rate")
     now = mean(tr.tail(c))
-    recent = ent.after(ent.steps[-1] - 2 * ent.window(c)) if ent else ent
+    recent = ent.recent(c)
     dropping = ent.covers(c, 2) and slope(recent.steps, recent.values) < 0
     ev = f"truncation rate {now:.1%} over the last {tr.window(c):g} steps" + (
         ", entropy dropping" if dropping else ""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..config import HealthConfig
 from ..series import Run, Series, mean, series, slope
-from .base import Judgement, Knobs, Rule, not_logged, too_few, worse
+from .base import Judgement, Knobs, Rule, not_logged, too_few
 
 
 def uniform_share(run: Run) -> Series:
@@ -63,13 +63,13 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     if rounds.covers(c, 2):
         r_now = mean(rounds.tail(c))
         parts.append(f"dynamic-sampling rounds {mean(rounds.head(c)):.1f} -> {r_now:.1f}")
-        recent = rounds.after(rounds.steps[-1] - 2 * rounds.window(c))
+        recent = rounds.recent(c)
         if under and mean(under.tail(c)) > 0.5:
             parts.append(f"batch underfilled in {mean(under.tail(c)):.0%} of recent steps")
             status = "failing"
             since = since if since is not None else under.onset(c, lambda v: v > 0.5)
         elif ds_active and r_now >= c.rounds_warn and slope(recent.steps, recent.values) > 0:
-            if worse(status, "warning") != status:
+            if status == "healthy":
                 status, since = "warning", rounds.onset(c, lambda v: v >= c.rounds_warn)
     advice = None
     if status != "healthy" and ds_active:
