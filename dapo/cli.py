@@ -36,6 +36,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "scale.cli:train_parser",
     ),
     "eval": ("evaluate a model: avg@k, pass@k, cons@k", "scale.cli:eval_main", "scale.cli:eval_parser"),
+    "export": (
+        "a sharded training checkpoint -> one safetensors model directory",
+        "scale.cli:export_main",
+        "scale.cli:export_parser",
+    ),
     "plan": (
         "estimate memory and step time of a run on a cluster",
         "scale.plan:main",

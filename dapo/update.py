@@ -6,9 +6,11 @@ For each epoch and each optimizer-step window of ``cfg.mini_batch_groups`` group
    as ``cfg.filtered_group_stats`` says), loss mask minus truncated responses when
    ``overlong_filter``, TIS weights against the engine when ``tis_cap``;
 2. the window's normaliser (:func:`dapo.loss.window_denominator`, summed over ranks);
-3. per micro-batch: new log-probs from ``logp_fn``, :func:`dapo.loss.policy_loss` with
-   that normaliser, scaled by the world size (data-parallel gradient averaging divides it
-   back out), backward. The summed micro-batch gradients equal the full-window gradient;
+3. per micro-batch (``micro_batch_size`` rows, or the split ``micro_batches`` returns,
+   e.g. bins of a token budget): new log-probs from ``logp_fn``,
+   :func:`dapo.loss.policy_loss` with that normaliser, scaled by the world size
+   (data-parallel gradient averaging divides it back out), backward. The summed
+   micro-batch gradients equal the full-window gradient;
 4. global grad-norm clip, optimizer step, unless the loss or the gradient is non-finite:
    then the gradients are dropped, the step is skipped and counted, and weights stay as
    they were. The token statistics (clip fractions, KL, entropy) describe the steps taken:
@@ -70,6 +72,7 @@ def update(
     cfg: AlgoConfig,
     *,
     micro_batch_size: int | None = None,
+    micro_batches: Callable[[Tensor], list[Tensor]] | None = None,
     dp: DataParallel = DataParallel(),
     backward: Callable[[Tensor], None] | None = None,
     clip_grad_norm: Callable[[float], Tensor] | None = None,
@@ -86,7 +89,13 @@ def update(
     ``logp_fn(mini_batch)`` returns the current policy's log-probs (and entropy) of the
     mini-batch's response tokens, as :class:`LogProbs` or a ``(logp, entropy)`` tuple.
     ``micro_batch_size`` (responses per forward; memory only, never the result) defaults
-    to the whole window. ``backward`` defaults to ``loss.backward()`` (pass
+    to the whole window. ``micro_batches(rows) -> [rows, ...]``, when given, replaces it: it
+    gets a window's row indices (into ``batch``) and returns the micro-batches' row indices
+    (each row exactly once), e.g. bins of a token budget
+    (:func:`dapo.microbatch.token_budget_bins`). A micro-batch may be empty (so every rank
+    runs the same number of forwards/backwards): ``logp_fn`` still runs on the empty
+    mini-batch and a zero loss connected to its output is backpropagated; ``loss_fn`` is
+    not called and no statistic changes. ``backward`` defaults to ``loss.backward()`` (pass
     ``accelerator.backward``), ``clip_grad_norm(max_norm) -> total_norm`` to
     ``torch.nn.utils.clip_grad_norm_`` over the optimizer's parameters (pass the FSDP
     one). ``generator`` shuffles groups between windows each epoch; None keeps batch
@@ -146,32 +155,45 @@ def update(
             window = _Sums()  # merged into ``sums`` only if the step is taken
             finite = True
             loss_total = 0.0
-            mbs = micro_batch_size or len(rows)
-            for start in range(0, len(rows), mbs):
-                idx = rows[start : start + mbs]
+            if micro_batches is None:
+                mbs = micro_batch_size or len(rows)
+                parts = [rows[start : start + mbs] for start in range(0, len(rows), mbs)]
+            else:
+                parts = [torch.as_tensor(p, dtype=torch.long).to(rows.device) for p in micro_batches(rows)]
+                got = torch.cat(parts) if parts else rows[:0]
+                if not torch.equal(got.sort().values, rows.sort().values):
+                    raise ValueError("micro_batches must return the window's rows, each exactly once")
+            for idx in parts:
                 mb = batch.select(idx)
                 res = logp_fn(mb)
                 logp, entropy = (res.logp, res.entropy) if isinstance(res, LogProbs) else res
-                extra = {} if weights is None else {"is_weights": weights[idx]}
-                loss, stats = loss_fn(
-                    logp,
-                    mb.old_logp,
-                    advantages[idx],
-                    loss_mask[idx],
-                    eps_low=cfg.eps_low,
-                    eps_high=cfg.eps_high,
-                    clip_ratio_c=cfg.clip_ratio_c,
-                    agg=cfg.loss_agg,
-                    agg_denominator=denom,
-                    norm_const=cfg.norm_const,
-                    **extra,
-                )
+                stats: dict[str, Tensor] | None = None
+                if len(idx) == 0:
+                    # an empty micro-batch (ranks in step): a zero loss on the forward's graph
+                    loss = logp.sum() * 0.0
+                else:
+                    extra = {} if weights is None else {"is_weights": weights[idx]}
+                    loss, stats = loss_fn(
+                        logp,
+                        mb.old_logp,
+                        advantages[idx],
+                        loss_mask[idx],
+                        eps_low=cfg.eps_low,
+                        eps_high=cfg.eps_high,
+                        clip_ratio_c=cfg.clip_ratio_c,
+                        agg=cfg.loss_agg,
+                        agg_denominator=denom,
+                        norm_const=cfg.norm_const,
+                        **extra,
+                    )
                 bad = torch.tensor(0.0 if torch.isfinite(loss) else 1.0, device=loss.device)
                 if float(dp.sum(bad)) > 0:  # every rank skips together
                     finite = False
                     break
                 backward(loss * dp.world_size)
                 loss_total += float(loss.detach())
+                if stats is None:
+                    continue
                 window.add_stats(stats)
                 if epoch == 0:
                     window.add_tokens(mb, entropy)

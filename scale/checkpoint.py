@@ -1,14 +1,22 @@
-"""Checkpoints: everything a run needs to continue as if it had not stopped.
+"""Checkpoints: everything a run needs to continue as if it had not stopped, written by every
+rank in parallel, never gathered on one.
 
 ``<out>/checkpoints/step_<N>/`` holds
 
-* ``model.safetensors`` + config + tokenizer (a directory transformers and vLLM load as is),
-* ``optimizer.pt``, ``scheduler.pt`` (loaded with ``weights_only=True``),
-* ``rank<r>.pt``: RNG states and the rank's data position (``weights_only=True``),
-* ``trainer_state.json``: step, counters, the config it was made with.
+* ``state/``: model and optimizer, sharded, in ``torch.distributed.checkpoint`` (DCP)
+  format: each rank writes its own shards (FSDP2) or one copy of replicated tensors (DDP);
+* ``rank<r>.pt``: rank r's RNG states (Python, torch, CUDA) and its prompt-stream position
+  (loaded with ``weights_only=True``);
+* ``scheduler.pt``: the learning-rate schedule (``weights_only=True``);
+* ``hf/``: the model's transformers config and the tokenizer, which :func:`export` needs;
+* ``trainer_state.json``: step, counters, world size, the config it was made with. Written
+  last: a directory without it is not a checkpoint.
 
-A checkpoint is written to a temporary directory and renamed into place, so a crash while
-saving never leaves a half-written ``step_<N>``.
+Every rank writes into ``step_<N>.tmp``; rank 0 renames it into place after a barrier, so a
+crash while saving never leaves a half-written ``step_<N>`` (the output directory must be on
+a file system every node sees). Resuming needs the same world size (the prompt streams are
+per rank). ``dapo export`` (:func:`export`) turns a checkpoint into one safetensors model
+directory for evaluation and the hub.
 """
 
 from __future__ import annotations
@@ -16,12 +24,14 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 STATE = "trainer_state.json"
+SHARDS = "state"
 
 
 def checkpoint_dir(out: Path, step: int) -> Path:
@@ -32,7 +42,7 @@ def latest(out: Path) -> Path | None:
     root = out / "checkpoints"
     if not root.is_dir():
         return None
-    done = sorted(p for p in root.glob("step_*") if (p / STATE).is_file())
+    done = sorted(p for p in root.glob("step_*") if p.is_dir() and (p / STATE).is_file())
     return done[-1] if done else None
 
 
@@ -50,39 +60,54 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _states(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
 def save(
     out: Path,
     step: int,
     *,
-    lm,
-    tokenizer,
-    state_dict: dict[str, torch.Tensor] | None,
-    optimizer_state: dict,
-    scheduler_state: dict,
-    rank_states: list[dict[str, Any]],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler_state: dict[str, Any],
+    rank_state: dict[str, Any],
     trainer_state: dict[str, Any],
+    hf_save: Callable[[Path], None],
+    rank: int,
     keep: int,
+    barrier: Callable[[], None],
 ) -> Path:
-    """Called on the main process with everything gathered (rank states included)."""
+    """Called on every rank. ``model`` is the unwrapped policy (FSDP2-sharded or not),
+    ``rank_state`` this rank's RNG and data position, ``hf_save(dir)`` writes the config and
+    tokenizer (run on rank 0 only)."""
+    import torch.distributed.checkpoint as dcp
+
     final = checkpoint_dir(out, step)
     tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    lm.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    torch.save(scheduler_state, tmp / "scheduler.pt")
-    for r, s in enumerate(rank_states):
-        torch.save(s, tmp / f"rank{r}.pt")
-    (tmp / STATE).write_text(json.dumps(trainer_state, indent=2, default=str))
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    for old in sorted((out / "checkpoints").glob("step_*"))[:-keep]:
-        if old.name.endswith(".tmp"):
-            continue
-        shutil.rmtree(old, ignore_errors=True)
+    if rank == 0:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    barrier()
+    dcp.save(_states(model, optimizer), checkpoint_id=str(tmp / SHARDS))
+    torch.save(rank_state, tmp / f"rank{rank}.pt")
+    barrier()
+    if rank == 0:
+        torch.save(scheduler_state, tmp / "scheduler.pt")
+        hf_save(tmp / "hf")
+        (tmp / STATE).write_text(json.dumps(trainer_state, indent=2, default=str))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        for old in sorted(p for p in (out / "checkpoints").glob("step_*") if not p.name.endswith(".tmp"))[
+            :-keep
+        ]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier()
     return final
 
 
@@ -90,20 +115,51 @@ def load_trainer_state(path: Path) -> dict[str, Any]:
     f = path / STATE
     if not f.is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {STATE})")
-    return json.loads(f.read_text())
+    state: dict[str, Any] = json.loads(f.read_text())
+    return state
 
 
 def load_tensors(path: Path, name: str) -> Any:
-    return torch.load(path / name, map_location="cpu", weights_only=True)
+    f = path / name
+    if not f.is_file():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {name})")
+    return torch.load(f, map_location="cpu", weights_only=True)
 
 
-def load_model_state(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+def load(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Model and optimizer state of ``path`` into this rank's (sharded) model and optimizer."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no safetensors weights in {path}")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state
+    shards = path / SHARDS
+    if not (shards / ".metadata").is_file():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {SHARDS}/.metadata)")
+    states = _states(model, optimizer)
+    dcp.load(states, checkpoint_id=str(shards))
+    set_state_dict(model, optimizer, model_state_dict=states["model"], optim_state_dict=states["optim"])
+
+
+def export(path: Path, out: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """One transformers model directory (``model.safetensors``, config, tokenizer) from the
+    sharded checkpoint ``path``, in one process (host memory: the whole model in fp32)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from .policy import Policy
+
+    load_trainer_state(path)
+    hf = path / "hf"
+    if not (hf / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no hf/config.json)")
+    if not (path / SHARDS / ".metadata").is_file():
+        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {SHARDS}/.metadata)")
+    lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf), dtype=torch.float32)
+    policy = Policy(lm)
+    state = {"model": get_model_state_dict(policy)}
+    dcp.load(state, checkpoint_id=str(path / SHARDS))
+    set_model_state_dict(policy, state["model"])
+    out.mkdir(parents=True, exist_ok=True)
+    lm.to(dtype).save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(hf).save_pretrained(out)
+    return out

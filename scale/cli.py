@@ -86,12 +86,15 @@ def train_main(argv: list[str] | None = None) -> int:
                 return 5
             print(f"WARNING: STARTING WITHOUT A MATCHING TOY GATE (--force): {err}", file=sys.stderr)
             gate.update({"forced": True, "reason": str(err)})
-    if args.fresh and os.environ.get("RANK", "0") == "0":  # one rank deletes (torchrun sets RANK)
-        _clear_previous_run(Path(cfg.output.dir))
     quiet_engines(args.verbose)
-    Path(cfg.output.dir).mkdir(parents=True, exist_ok=True)
-    (Path(cfg.output.dir) / "gate.json").write_text(json.dumps(gate, indent=2, default=str))
-    _ensure_tiny(cfg)
+    # One rank prepares the output directory (and the tiny preset's files). The others wait for
+    # it in the process group's rendezvous, which rank 0 joins only after this.
+    if os.environ.get("RANK", "0") == "0":  # torchrun, accelerate and SLURM launches set RANK
+        if args.fresh:
+            _clear_previous_run(Path(cfg.output.dir))
+        Path(cfg.output.dir).mkdir(parents=True, exist_ok=True)
+        (Path(cfg.output.dir) / "gate.json").write_text(json.dumps(gate, indent=2, default=str))
+        _ensure_tiny(cfg)
     from .engines import EngineError
     from .topology import preload_collective_modules, shutdown
     from .trainer import Trainer
@@ -266,6 +269,11 @@ def _check_model(spec: str) -> None:
 
     path = Path(spec)
     if path.exists():
+        if (path / "trainer_state.json").is_file() and not (path / "config.json").is_file():
+            raise UsageError(
+                f"--model: {spec!r} is a sharded training checkpoint; make a model of it first: "
+                f"dapo export {spec} OUT_DIR"
+            )
         if not (path / "config.json").is_file():
             raise UsageError(f"--model: {spec!r} has no config.json (not a model directory)")
     elif spec.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
@@ -372,4 +380,40 @@ def eval_main(argv: list[str] | None = None) -> int:
                 indent=2,
             )
         )
+    return 0
+
+
+def export_parser() -> argparse.ArgumentParser:
+    from dapo.cliargs import OutDir
+
+    p = Parser(
+        prog="dapo export",
+        description="Consolidate a sharded checkpoint (checkpoints/step_N) into one transformers "
+        "model directory (model.safetensors, config, tokenizer) for dapo eval, vLLM and the hub.",
+    )
+    p.add_argument("checkpoint", type=Text(), help="a checkpoint directory: <output.dir>/checkpoints/step_N")
+    p.add_argument("out", type=OutDir(), help="the model directory to write")
+    p.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float16", "float32"],
+        default="bfloat16",
+        help="dtype of the exported weights (default bfloat16; the masters are fp32)",
+    )
+    return p
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    args = export_parser().parse_args(argv)
+    path = Path(args.checkpoint)
+    if not path.is_dir():
+        raise UsageError(f"checkpoint: no such directory: {args.checkpoint!r}")
+    quiet_engines(False)
+    from .checkpoint import export
+    from .sharding import dtype
+
+    try:
+        out = export(path, args.out, dtype(args.dtype))
+    except FileNotFoundError as err:
+        raise UsageError(f"checkpoint: {err}") from None
+    print(f"wrote {out} ({args.dtype})")
     return 0

@@ -25,8 +25,11 @@ PRESET_DIR = Path(__file__).parent / "configs"
 class ModelConfig:
     path: str
     """A local directory or a hub id of a causal LM with its tokenizer (Qwen2.5 family)."""
-    dtype: str = "bfloat16"
-    """Parameter dtype for training: ``bfloat16`` (GPU) or ``float32`` (CPU, tests)."""
+    dtype: str = "float32"
+    """Dtype of the trainer's master weights and optimizer state. ``float32`` (the default,
+    as verl and TRL keep them): at lr 1e-6 a bf16 weight cannot hold most updates (about 2%
+    of bf16 weights move in 20 AdamW steps). Compute precision is ``train.mixed_precision``;
+    the engine's dtype is ``rollout.dtype``."""
     gradient_checkpointing: bool = True
     """Recompute activations in the backward pass (needed for 20k-token responses)."""
     logprob_chunk: int = 1024
@@ -80,6 +83,14 @@ class RolloutConfig:
     max_model_len: int | None = None
     """vLLM context length; None: longest prompt + the generation ceiling."""
     seed: int = 0
+    """Base seed of the engine (each request gets its own seed from the run coordinates)."""
+    dtype: str = "bfloat16"
+    """Dtype of the engine's weights (``bfloat16`` on GPUs; the tiny CPU presets use
+    ``float32``). The sync casts each trainer tensor to it, one tensor at a time."""
+    sync_bucket_mb: float = 512.0
+    """Upper bound of the weights the sync gathers at once (MiB); a tensor larger than this
+    goes alone. The sync's extra memory is at most a bucket (plus its dtype cast), never the
+    model."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,29 @@ class TrainConfig:
     """Responses per forward/backward (memory only; the update is exact for any value)."""
     seed: int = 0
     mixed_precision: str = "no"
-    """accelerate's mixed precision: ``no`` or ``bf16``."""
+    """Compute precision of forward and backward: ``no`` (the master dtype) or ``bf16``
+    (bf16 autocast under DDP; FSDP2's ``MixedPrecisionPolicy`` with bf16 parameters and fp32
+    gradient reduction under ``sharding: fsdp2``). Master weights stay ``model.dtype``."""
+    sharding: str = "none"
+    """``none``: every rank holds the whole model (DDP over ranks); ``fsdp2``: parameters,
+    gradients and optimizer state sharded over all ranks with ``torch.distributed.fsdp.
+    fully_shard`` (one unit per decoder layer, then the root). The same setting holds under
+    torchrun, accelerate and SLURM launches, on CPUs (gloo) and GPUs (NCCL)."""
+    cpu_ram_efficient_loading: bool = True
+    """With ``fsdp2``: only rank 0 reads the weights; the other ranks build the model on the
+    meta device and receive their shards by broadcast (one host copy per node set, not one per
+    rank)."""
+    fsdp_offload: bool = False
+    """With ``fsdp2`` on GPUs: keep sharded parameters, gradients and optimizer state in host
+    memory (``CPUOffloadPolicy``)."""
+    max_tokens_per_micro_batch: int | None = None
+    """Micro-batches by token budget (prompt + response tokens per forward, packed without
+    padding), like verl's dynamic batch size; every rank runs the same number of micro-batches.
+    None: ``micro_batch_size`` responses per micro-batch. Memory only; the update is exact."""
+    dist_timeout_s: float = 3600.0
+    """Process-group timeout (seconds), passed to ``InitProcessGroupKwargs``: a collective
+    whose peer died fails after this long. It must exceed the longest generation round (a
+    20k-token round of the 32B run takes ~16 minutes); ``$DAPO_DIST_TIMEOUT_S`` overrides it."""
 
 
 @dataclass(frozen=True)
@@ -154,9 +187,28 @@ class RunConfig:
             raise ConfigError("rollout.engine", f"must be 'vllm' or 'hf' (got {self.rollout.engine!r})")
         if self.data.template not in ("dapo", "none"):
             raise ConfigError("data.template", f"must be 'dapo' or 'none' (got {self.data.template!r})")
-        if self.model.dtype not in ("bfloat16", "float32", "float16"):
-            raise ConfigError("model.dtype", f"unknown dtype {self.model.dtype!r}")
-        if self.train.mixed_precision not in ("no", "bf16", "fp16"):
+        for name, dt in (("model.dtype", self.model.dtype), ("rollout.dtype", self.rollout.dtype)):
+            if dt not in ("bfloat16", "float32", "float16"):
+                raise ConfigError(name, f"unknown dtype {dt!r} (bfloat16, float32 or float16)")
+        if self.train.sharding not in ("none", "fsdp2"):
+            raise ConfigError(
+                "train.sharding",
+                f"must be 'none' (DDP) or 'fsdp2' (got {self.train.sharding!r}); FSDP1 is not supported",
+            )
+        if self.train.fsdp_offload and self.train.sharding != "fsdp2":
+            raise ConfigError("train.fsdp_offload", "needs train.sharding: fsdp2")
+        if not self.train.dist_timeout_s > 0:
+            raise ConfigError(
+                "train.dist_timeout_s", f"must be > 0 seconds (got {self.train.dist_timeout_s!r})"
+            )
+        if not self.rollout.sync_bucket_mb > 0:
+            raise ConfigError("rollout.sync_bucket_mb", f"must be > 0 (got {self.rollout.sync_bucket_mb!r})")
+        budget = self.train.max_tokens_per_micro_batch
+        if budget is not None and budget < 1:
+            raise ConfigError(
+                "train.max_tokens_per_micro_batch", f"must be a positive integer or null (got {budget!r})"
+            )
+        if self.train.mixed_precision not in ("no", "bf16"):
             raise ConfigError("train.mixed_precision", f"unknown value {self.train.mixed_precision!r}")
         for name, value in (
             ("train.steps", self.train.steps),

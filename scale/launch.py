@@ -19,7 +19,6 @@ ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",  # fewer OOMs from fragmentation with vLLM colocated
     "NCCL_DEBUG": "WARN",
-    "NCCL_TIMEOUT": "1800",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a dead rank ends the job instead of hanging it
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # vLLM in the trainer's process (colocated)
     "OMP_NUM_THREADS": "8",
@@ -57,7 +56,7 @@ def accelerate_command(
     rank: str,
     master: str,
     overrides: list[str],
-    accelerate_config: Path = LAUNCH_DIR / "fsdp_multinode.yaml",
+    accelerate_config: Path = LAUNCH_DIR / "multinode.yaml",
 ) -> list[str]:
     return [
         "accelerate",

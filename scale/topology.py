@@ -1,15 +1,16 @@
 """Process groups of the full regime: created with a bounded timeout, torn down so that no
 communication thread runs on into interpreter shutdown.
 
-Every multi-process entry point shares this lifecycle: ``dapo train`` under torchrun and
-the multi-process tests (``tests/multiproc.py``). Rank arithmetic (data- and
-tensor-parallel groups) belongs here as well when the full regime grows it.
+Every multi-process entry point shares this lifecycle: ``dapo train`` under torchrun,
+accelerate or SLURM (:func:`make_accelerator`: the group with ``train.dist_timeout_s``), and
+the multi-process tests (``tests/multiproc.py``). The small collectives the trainer needs
+(:func:`barrier`, :func:`all_max`) live here too, so that rank arithmetic stays in one place.
 
 Why teardown needs care (the cause of the SIGABRT at exit in CI)
 ----------------------------------------------------------------
 ``torch.distributed.destroy_process_group()`` only removes a group from torch's registry.
 The gloo backend's threads (``pt_gloo_runloop`` workers and the ``gloo_tcp_loop`` device
-loop) stop when the *last* reference to the group is released, and two references
+loop) stop when the *last* reference to the group is released, and three references
 routinely outlive the call:
 
 * a DDP- or FSDP-wrapped module (its reducer holds the group), kept by the caller or by
@@ -17,9 +18,16 @@ routinely outlive the call:
 * ``torch.distributed.nn.functional``, whose collectives declare ``group=group.WORLD`` as
   a default argument. Python evaluates defaults when the module is first imported, and
   creating the first optimizer imports it (through ``torch._dynamo``). If that happens
-  after ``init_process_group``, the default pins the group for the life of the process.
+  after ``init_process_group``, the default pins the group for the life of the process;
+* under FSDP2, the ``DeviceMesh`` (its ``_pg_registry`` holds the group), kept by DTensor's
+  memo caches once every module, parameter and optimizer is gone. The one that pinned it
+  here: ``MeshTopoInfo.build_from_mesh`` in ``torch.distributed.tensor._collective_utils``,
+  a class-level ``@staticmethod @lru_cache(None)`` keyed by the mesh (its value holds the
+  mesh too), filled by ``redistribute_cost`` whenever DTensor ranks sharding strategies;
+  ``clip_grad_norm_`` over the sharded gradients (the norm's reduction) is the first such
+  op in a training step. A cleaner that looks only at module-level caches misses it.
 
-Either way the gloo threads are still running when the interpreter finalizes, and what
+Any of them keeps the gloo threads running when the interpreter finalizes, and what
 they touch then is no longer alive: a thread that needs the GIL during finalization is ended
 by CPython (``pthread_exit``), and a forced unwind through a ``noexcept`` C++ frame calls
 ``std::terminate``, which prints "terminate called without an active exception" and raises
@@ -27,8 +35,9 @@ SIGABRT (PyTorch describes the same crash for gloo work held at exit in pytorch#
 Whether a thread is caught in that window depends on scheduling, so the test died rarely,
 more often under load, and ``barrier()`` before ``destroy_process_group()`` did not help: the
 group was never freed. The fix frees it: :func:`preload_collective_modules` before the group
-exists, drop the wrapped modules, then :func:`shutdown`, which returns any gloo thread that
-survives so that callers can fail loudly instead of leaving it to chance.
+exists, drop the wrapped modules, then :func:`shutdown`, which clears DTensor's caches
+(:func:`_clear_dtensor_caches`) and returns any gloo thread that survives so that callers
+can fail loudly instead of leaving it to chance.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from __future__ import annotations
 import gc
 import os
 from datetime import timedelta
+from typing import Any
 
 GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")
 """Thread names of a live gloo process group (worker threads and the TCP device loop)."""
@@ -68,6 +78,53 @@ def dist_timeout(default_s: float) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+def make_accelerator(cfg: Any) -> Any:
+    """The run's ``Accelerator``: on a machine without CUDA, CPU processes over gloo (accelerate
+    would otherwise run them as unrelated single processes); the process-group timeout from
+    ``train.dist_timeout_s`` (``$DAPO_DIST_TIMEOUT_S`` overrides); accelerate's bf16 autocast
+    unless FSDP2 shards over several processes (it then casts through its own mixed-precision
+    policy, :mod:`scale.sharding`; one process has nothing to shard and runs unwrapped)."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    t = cfg.train
+    fsdp2 = t.sharding == "fsdp2" and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return Accelerator(
+        cpu=not torch.cuda.is_available(),
+        mixed_precision="no" if fsdp2 else t.mixed_precision,
+        log_with=list(cfg.output.trackers) or None,
+        project_dir=cfg.output.dir,
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=dist_timeout(t.dist_timeout_s))],
+    )
+
+
+def _initialized() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def barrier() -> None:
+    """Wait for every rank (a no-op on one process)."""
+    import torch.distributed as dist
+
+    if _initialized():
+        dist.barrier()
+
+
+def all_max(value: int, device: Any = "cpu") -> int:
+    """The largest ``value`` over ranks (itself on one process)."""
+    import torch
+    import torch.distributed as dist
+
+    if not _initialized():
+        return value
+    x = torch.tensor([value], device=device)
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return int(x.item())
+
+
 def communication_threads() -> list[str]:
     """Names of this process's live gloo threads, read from ``/proc/self/task`` (Linux);
     an empty list where that is not available."""
@@ -87,6 +144,80 @@ def communication_threads() -> list[str]:
     return sorted(names)
 
 
+def _memo_caches(module: Any) -> list[Any]:
+    """The ``functools`` caches (``lru_cache``/``cache``) that ``module`` holds: its functions,
+    and the functions, static methods and methods of the classes it defines (nested ones
+    too), where they belong to ``torch.distributed``. Objects are recognised by their exact
+    type, so that nothing else is touched (``torch.distributed.reduce_op`` warns on access)."""
+    import functools
+    import types
+
+    wrapper = getattr(functools, "_lru_cache_wrapper", None)  # the C implementation's type
+    found: list[Any] = []
+    seen: set[int] = set()
+
+    def add(value: Any) -> None:
+        if type(value) in (staticmethod, classmethod):
+            value = value.__func__
+        kind = type(value)
+        if not (kind is wrapper or (kind is types.FunctionType and "cache_clear" in vars(value))):
+            return  # the pure-Python lru_cache is a plain function with cache_clear attached
+        if id(value) not in seen and str(getattr(value, "__module__", "")).startswith("torch.distributed"):
+            seen.add(id(value))
+            found.append(value)
+
+    def scan(namespace: dict[str, Any]) -> None:
+        for value in list(namespace.values()):
+            if not issubclass(type(value), type):
+                add(value)
+            elif value.__dict__.get("__module__") == module.__name__ and id(value) not in seen:
+                seen.add(id(value))  # a class defined here, not one imported
+                scan(dict(vars(value)))
+
+    if issubclass(type(module), types.ModuleType):  # not a placeholder some libraries put in sys.modules
+        scan(vars(module))
+    return found
+
+
+def _clear_dtensor_caches() -> None:
+    """Drop what DTensor and FSDP2 memoise about a device mesh: every entry keeps the
+    ``DeviceMesh``, whose ``_pg_registry`` holds the process group, alive after every module,
+    parameter and optimizer is gone (see the module docstring).
+
+    * every ``functools`` cache of the ``torch.distributed`` modules, module-level *and*
+      class-level: ``MeshTopoInfo.build_from_mesh`` (``_collective_utils``, a
+      ``@staticmethod @lru_cache(None)`` keyed by the mesh, called by ``redistribute_cost``
+      while choosing a sharding strategy, e.g. for the norm in ``clip_grad_norm_``),
+      ``_gen_transform_infos``, the propagator's ``_propagate_tensor_meta_cached``;
+    * the sharding propagator's cache of op schemas (a per-thread ``lru_cache``: this clears
+      the calling thread's), and the C++ fast path's copy of it;
+    * the redistribute planners (a plain dict; each planner holds its mesh)."""
+    import sys
+
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    caches = []
+    prop = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    if prop is not None:
+        caches += [getattr(prop, n, None) for n in ("propagate_op_sharding", "_propagate_tensor_meta_cached")]
+    for name, module in list(sys.modules.items()):
+        if (name == "torch.distributed" or name.startswith("torch.distributed.")) and module is not None:
+            caches += _memo_caches(module)
+    for cache in caches:
+        if cache is not None and callable(getattr(cache, "cache_clear", None)):
+            cache.cache_clear()
+    if (clear := getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)) is not None:
+        clear()  # the C++ fast path's cache
+    try:
+        from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
+    except ImportError:
+        return
+    clear_redistribute_planner_cache()
+
+
 def shutdown() -> list[str]:
     """Tear the default process group down for good and return the gloo threads that
     survive it (an empty list when the group is really gone).
@@ -97,6 +228,7 @@ def shutdown() -> list[str]:
     prepared objects (``Accelerator.free_memory()``). A no-op on a single process."""
     import torch.distributed as dist
 
+    _clear_dtensor_caches()
     gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -21,11 +21,13 @@ import math
 import time
 import warnings
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from dapo import DataParallel, DynamicSampler, RolloutBatch, config_reward, update
 from dapo.health.callback import HealthMonitor
@@ -38,11 +40,10 @@ from .config import RunConfig
 from .data import PromptStream, contamination, load_problems
 from .engines import Generation, make_engine
 from .evaluation import ProblemResult, canonical_prediction, summarize
-from .policy import Policy
-
-
-def _dtype(name: str) -> torch.dtype:
-    return {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[name]
+from .policy import Policy, response_logp, token_budget_splitter
+from .sharding import build_policy, clip_grad_norm, dtype
+from .sync import SyncStats, sync
+from .topology import all_max, barrier, make_accelerator
 
 
 def _seed(*parts: Any) -> int:
@@ -50,53 +51,64 @@ def _seed(*parts: Any) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
-def response_logp(policy, mb: RolloutBatch, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Current log-probs and entropy of a mini-batch's response tokens, [b, T] (computed on
-    the mini-batch's longest response only, padded back)."""
-    t_all = mb.mask.shape[1]
-    t = max(1, int(mb.lengths.max()) if mb.size else 1)
-    x = mb.extras
-    logp, ent = policy(x["prompt_ids"], x["prompt_len"], x["response_ids"][:, :t], pad_id)
-    if t < t_all:
-        logp = torch.nn.functional.pad(logp, (0, t_all - t))
-        ent = torch.nn.functional.pad(ent, (0, t_all - t))
-    return logp, ent
+Split = Callable[[torch.Tensor], list[torch.Tensor]]
+"""Row indices -> the micro-batches' row indices (the same count on every rank)."""
+
+
+def by_count(micro_batch_size: int) -> Split:
+    return lambda rows: list(torch.split(rows, micro_batch_size))
 
 
 @torch.no_grad()
-def with_trainer_logp(policy, batch: RolloutBatch, micro_batch_size: int, pad_id: int) -> RolloutBatch:
+def with_trainer_logp(policy, batch: RolloutBatch, split: Split, pad_id: int) -> RolloutBatch:
     """The batch with ``old_logp`` recomputed by the trainer (the engine's log-probs stay in
     ``rollout_logp``): the ratio's denominator must be the trainer's own numbers."""
-    parts = [
-        response_logp(policy, batch.select(torch.arange(s, min(s + micro_batch_size, batch.size))), pad_id)[0]
-        for s in range(0, batch.size, micro_batch_size)
-    ]
-    old = torch.cat(parts).float().cpu()
+    old = torch.zeros_like(batch.old_logp)
+    for idx in split(torch.arange(batch.size, device=old.device)):
+        logp = response_logp(policy, batch.select(idx), pad_id)[0]
+        if idx.numel():
+            old[idx] = logp.float().to(old.device)
     old = torch.where(batch.mask, old.clamp(max=0.0), torch.zeros_like(old))
     return RolloutBatch(**{**batch.__dict__, "old_logp": old})
 
 
 def run_update(
-    acc, policy, optimizer, algo, batch: RolloutBatch, micro_batch_size: int, pad_id: int
+    acc,
+    policy,
+    optimizer,
+    algo,
+    batch: RolloutBatch,
+    micro_batch_size: int,
+    pad_id: int,
+    *,
+    max_tokens: int | None = None,
+    sharded: bool = False,
 ) -> dict[str, float]:
-    """Recompute old log-probs, then :func:`dapo.update` with accelerate's backward, global
-    grad-norm clip and a cross-rank sum for the window denominators."""
+    """Recompute old log-probs, then :func:`dapo.update` with accelerate's backward, the global
+    grad-norm clip and a cross-rank sum for the window denominators. Micro-batches hold
+    ``micro_batch_size`` responses, or up to ``max_tokens`` tokens (packed) with the same
+    number of micro-batches on every rank."""
     world = acc.num_processes
 
     def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
-        return acc.reduce(x.to(acc.device), reduction="sum").cpu()
+        return acc.reduce(x.to(acc.device), reduction="sum").to(x.device)
 
-    batch = with_trainer_logp(policy, batch, micro_batch_size, pad_id)
-    params = list(policy.parameters())
+    batch = batch.to(acc.device)  # the loss is computed where the log-probs are
+    if max_tokens is None:
+        split = by_count(micro_batch_size)
+    else:
+        split = token_budget_splitter(batch, max_tokens, lambda n: all_max(n, acc.device))
+    batch = with_trainer_logp(policy, batch, split, pad_id)
     m = update(
         batch,
         lambda mb: response_logp(policy, mb, pad_id),
         optimizer,
         algo,
         micro_batch_size=micro_batch_size,
+        micro_batches=None if max_tokens is None else split,
         dp=DataParallel(world, all_reduce_sum if world > 1 else None),
         backward=acc.backward,
-        clip_grad_norm=lambda mx: acc.clip_grad_norm_(params, mx),
+        clip_grad_norm=clip_grad_norm(policy, acc, sharded),
     )
     if batch.rollout_logp is not None:
         gap = (batch.old_logp - batch.rollout_logp).abs()[batch.mask]
@@ -108,19 +120,19 @@ class Trainer:
     def __init__(
         self, cfg: RunConfig, *, resume: str | None = None, accelerator=None, log=print, progress: bool = True
     ):
-        from accelerate import Accelerator
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         self.cfg = cfg
         self.log = log
         self.progress = progress
         self.out = Path(cfg.output.dir)
-        self.acc = accelerator or Accelerator(
-            mixed_precision=cfg.train.mixed_precision,
-            log_with=list(cfg.output.trackers) or None,
-            project_dir=str(self.out),
-        )
+        self.acc = accelerator or make_accelerator(cfg)
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
+        if self.world > 1 and cfg.train.sharding == "fsdp2" and cfg.rollout.engine == "hf":
+            raise ValueError(
+                "rollout.engine=hf generates with the trainer's module, which train.sharding=fsdp2 "
+                "shards over ranks that generate different lengths; use rollout.engine=vllm"
+            )
         algo = cfg.algo
         for name, total in (("algo.train_groups", algo.train_groups), ("rollout.gen_groups", cfg.gen_groups)):
             if total % self.world:
@@ -158,22 +170,19 @@ class Trainer:
         self.stream = PromptStream(self.problems, seed=cfg.data.shuffle_seed + self.rank)
         self._prompt_ids: dict[str, list[int]] = {}
 
-        lm = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=_dtype(cfg.model.dtype))
-        if cfg.model.gradient_checkpointing:
-            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            lm.config.use_cache = False
-        policy = Policy(lm, chunk=cfg.model.logprob_chunk)
-        optimizer = torch.optim.AdamW(
-            policy.parameters(),
+        # the model on its ranks (DDP or FSDP2), then the optimizer over what the ranks hold
+        self.policy, self._policy = build_policy(cfg, self.acc)
+        self.sharded = isinstance(self.policy, FSDPModule)
+        self.optimizer = torch.optim.AdamW(
+            self._policy.parameters(),
             lr=cfg.train.lr,
             betas=tuple(cfg.train.betas),
             weight_decay=cfg.train.weight_decay,
         )
         warm = cfg.train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0
         )
-        self.policy, self.optimizer = self.acc.prepare(policy, optimizer)
         self.step = 0
         self.totals = {"responses": 0.0, "tokens": 0.0, "optimizer_steps": 0.0, "skipped_steps": 0.0}
 
@@ -185,7 +194,7 @@ class Trainer:
                 "with --resume auto, or choose another output.dir"
             )
         self.engine = self._make_engine()
-        self._sync_engine()
+        self.sync_stats = self._sync_engine()
         if self.acc.is_main_process:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
@@ -197,24 +206,18 @@ class Trainer:
 
     # ---- setup helpers ----------------------------------------------------------------
     def _unwrapped(self) -> Policy:
-        return self.acc.unwrap_model(self.policy)
+        return self._policy
 
-    def _sync_engine(self) -> None:
-        """Every full weight into the engine. Under FSDP1 the parameters are gathered for the
-        duration of the sync (FSDP2 DTensors are gathered tensor by tensor)."""
-        from accelerate.utils import DistributedType
-
-        if self.acc.distributed_type == DistributedType.FSDP and not hasattr(self.policy, "full_tensor"):
-            try:
-                from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-                if isinstance(self.policy, FSDP):
-                    with FSDP.summon_full_params(self.policy, writeback=False, rank0_only=False):
-                        self.engine.sync_weights(self._unwrapped().named_weights_for_engine())
-                    return
-            except ImportError:
-                pass
-        self.engine.sync_weights(self._unwrapped().named_weights_for_engine())
+    def _sync_engine(self) -> SyncStats:
+        """Stream the weights into the engine, one bounded bucket at a time (:mod:`scale.sync`)."""
+        r = self.cfg.rollout
+        return sync(
+            self.engine,
+            self._policy.lm,
+            dtype=dtype(r.dtype),
+            device="cuda" if torch.cuda.is_available() else "cpu",
+            bucket_mb=r.sync_bucket_mb,
+        )
 
     def _make_engine(self):
         c = self.cfg
@@ -224,14 +227,15 @@ class Trainer:
         return make_engine(
             "vllm",
             model_path=c.model.path,
-            dtype=c.model.dtype,
+            dtype=c.rollout.dtype,
             max_model_len=c.rollout.max_model_len or longest + c.algo.max_len,
             gpu_memory_utilization=c.rollout.gpu_memory_utilization,
             tensor_parallel=c.rollout.tensor_parallel,
             seed=c.rollout.seed + self.rank,
             sleep_during_training=c.rollout.sleep_during_training,
             sync_timeout_s=c.rollout.sync_timeout_s,
-            distributed=self.world > 1 and c.rollout.tensor_parallel > 1,
+            distributed=self.world > 1,
+            dummy_weights=True,  # the first sync follows at once
         )
 
     def _check_contamination(self) -> None:
@@ -343,13 +347,6 @@ class Trainer:
         return batch, m
 
     # ---- update -------------------------------------------------------------------------
-    def _all_max(self, value: int) -> int:
-        if self.world == 1:
-            return value
-        x = torch.tensor([value], device=self.acc.device)
-        torch.distributed.all_reduce(x, op=torch.distributed.ReduceOp.MAX)
-        return int(x.item())
-
     def train_step(self) -> dict[str, float]:
         c = self.cfg
         t0 = time.perf_counter()
@@ -358,7 +355,7 @@ class Trainer:
         per_rank = c.algo.train_groups // self.world
         have = batch.num_groups if batch is not None else 0
         t_len = batch.mask.shape[1] if batch is not None else 1
-        t_len, need = self._all_max(t_len), self._all_max(have)
+        t_len, need = all_max(t_len, self.acc.device), all_max(have, self.acc.device)
         need = max(need, 1 if per_rank else 0)
         if have < need:
             pad = self._empty_groups(need - have, t_len)
@@ -367,14 +364,22 @@ class Trainer:
         t1 = time.perf_counter()
         m.update(
             run_update(
-                self.acc, self.policy, self.optimizer, c.algo, batch, c.train.micro_batch_size, self.pad_id
+                self.acc,
+                self.policy,
+                self.optimizer,
+                c.algo,
+                batch,
+                c.train.micro_batch_size,
+                self.pad_id,
+                max_tokens=c.train.max_tokens_per_micro_batch,
+                sharded=self.sharded,
             )
         )
         with warnings.catch_warnings():  # a step whose batch was empty took no optimizer step
             warnings.filterwarnings("ignore", message="Detected call of", category=UserWarning)
             self.scheduler.step()
         t2 = time.perf_counter()
-        self._sync_engine()
+        m.update(self._sync_engine().metrics())
         m["time/update_s"] = t2 - t1
         m["time/sync_s"] = time.perf_counter() - t2
         m["time/step_s"] = time.perf_counter() - t0
@@ -426,7 +431,12 @@ class Trainer:
         out = {}
         for k in keys:
             vals = [p[k] for p in parts if k in p and not (isinstance(p[k], float) and math.isnan(p[k]))]
-            out[k] = sum(vals) / len(vals) if vals else math.nan
+            if not vals:
+                out[k] = math.nan
+            elif k.endswith("_max") or k.startswith("sync/"):  # the worst rank
+                out[k] = max(vals)
+            else:
+                out[k] = sum(vals) / len(vals)
         return out
 
     def _metrics_path(self) -> Path:
@@ -509,36 +519,34 @@ class Trainer:
         if (shutdown := getattr(self.engine, "shutdown", None)) is not None:
             shutdown()
         self.acc.free_memory()
-        self.policy = self.optimizer = self.scheduler = self.engine = None
+        self.policy = self._policy = self.optimizer = self.scheduler = self.engine = None
 
     # ---- checkpoints ---------------------------------------------------------------------------
-    def save(self) -> Path | None:
-        from accelerate.utils import gather_object
-
-        rank_state = {"rng": ckpt.rng_state(), "stream": self.stream.state_dict()}
-        states = gather_object([rank_state]) if self.world > 1 else [rank_state]
-        state_dict = self.acc.get_state_dict(self.policy)
-        lm_state = {k[len("lm.") :]: v for k, v in state_dict.items() if k.startswith("lm.")}
-        optim_state = self.optimizer.state_dict()
-        if not self.acc.is_main_process:
-            return None
+    def save(self) -> Path:
+        """A sharded checkpoint, written by every rank (:mod:`scale.checkpoint`)."""
         trainer_state = {
             "step": self.step,
             "totals": self.totals,
             "world_size": self.world,
             "config": self.cfg.to_dict(),
         }
+
+        def hf_save(d: Path) -> None:
+            self._policy.lm.config.save_pretrained(d)
+            self.tokenizer.save_pretrained(d)
+
         return ckpt.save(
             self.out,
             self.step,
-            lm=self._unwrapped().lm,
-            tokenizer=self.tokenizer,
-            state_dict=lm_state,
-            optimizer_state=optim_state,
+            model=self._policy,
+            optimizer=self.optimizer,
             scheduler_state=self.scheduler.state_dict(),
-            rank_states=states,
+            rank_state={"rng": ckpt.rng_state(), "stream": self.stream.state_dict()},
             trainer_state=trainer_state,
+            hf_save=hf_save,
+            rank=self.rank,
             keep=self.cfg.output.keep_checkpoints,
+            barrier=barrier,
         )
 
     def _resume(self, resume: str) -> None:
@@ -551,14 +559,7 @@ class Trainer:
             raise ValueError(
                 f"{path} was written by {state['world_size']} processes, this run has {self.world}"
             )
-        model_state = ckpt.load_model_state(path)
-        unwrapped = self._unwrapped()
-        missing, unexpected = unwrapped.lm.load_state_dict(model_state, strict=False)
-        if unexpected or [k for k in missing if k != "lm_head.weight"]:
-            raise ValueError(
-                f"{path}: weights do not match the model (missing {missing[:5]}, unexpected {unexpected[:5]})"
-            )
-        self.optimizer.load_state_dict(ckpt.load_tensors(path, "optimizer.pt"))
+        ckpt.load(path, model=self._policy, optimizer=self.optimizer)
         self.scheduler.load_state_dict(ckpt.load_tensors(path, "scheduler.pt"))
         mine = ckpt.load_tensors(path, f"rank{self.rank}.pt")
         ckpt.set_rng_state(mine["rng"])

@@ -1,9 +1,12 @@
 """Run one DAPO update of the scale trainer's path on a fixed batch, on 1 or N processes
 (launched with torchrun). Rank r takes groups [r*k, (r+1)*k); the single-process run is
 given the groups in the order N ranks interleave them into windows, so both must produce
-the same weights. Usage: dp_worker.py MODEL_DIR OUT_FILE [ORDER]"""
+the same weights.
 
-import sys
+Usage: dp_worker.py MODEL_DIR OUT_FILE [--order 0,2,1,3] [--sharding none|fsdp2]
+[--max-tokens N] (token-budget micro-batches, packed)"""
+
+import argparse
 
 import torch
 from accelerate import Accelerator
@@ -12,7 +15,9 @@ from multiproc import worker
 from transformers import AutoModelForCausalLM
 
 from dapo import AlgoConfig, RolloutBatch
+from scale.config import load
 from scale.policy import Policy
+from scale.sharding import build_policy
 from scale.topology import dist_timeout
 from scale.trainer import run_update
 
@@ -48,16 +53,27 @@ def batch(pad_id: int) -> RolloutBatch:
 
 
 def main() -> None:
-    model_dir, out = sys.argv[1], sys.argv[2]
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model_dir")
+    ap.add_argument("out")
+    ap.add_argument("--order", default=None)
+    ap.add_argument("--sharding", default="none")
+    ap.add_argument("--max-tokens", type=int, default=None)
+    args = ap.parse_args()
     # a dead peer ends the run with an error within seconds instead of gloo's 30-minute wait
     acc = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=dist_timeout(60))])
     torch.manual_seed(0)
-    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    policy = Policy(lm, chunk=7)
-    # SGD: Adam divides by sqrt(v) and turns float32 summation-order noise on near-zero
-    # gradients into visible weight differences; the property under test is the gradient.
-    opt = torch.optim.SGD(policy.parameters(), lr=0.5)
-    policy, opt = acc.prepare(policy, opt)
+    if args.sharding == "none":
+        lm = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+        policy = Policy(lm, chunk=7)
+        # SGD: Adam divides by sqrt(v) and turns float32 summation-order noise on near-zero
+        # gradients into visible weight differences; the property under test is the gradient.
+        opt = torch.optim.SGD(policy.parameters(), lr=0.5)
+        policy, opt = acc.prepare(policy, opt)
+    else:  # the trainer's own FSDP2 path: rank 0 reads the weights, the others get shards
+        cfg = load("tiny-cpu-fsdp", [f"model.path={args.model_dir}", "model.logprob_chunk=7"])
+        policy = build_policy(cfg, acc)[0]
+        opt = torch.optim.SGD(policy.parameters(), lr=0.5)
     full = batch(pad_id=1)
     algo = AlgoConfig(
         group_size=G,
@@ -70,17 +86,33 @@ def main() -> None:
     )
     world, rank = acc.num_processes, acc.process_index
     if world == 1:
-        order = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else list(range(GROUPS))
+        order = [int(x) for x in args.order.split(",")] if args.order else list(range(GROUPS))
         rows = torch.tensor([g * G + i for g in order for i in range(G)])
         mine = full.select(rows, group_size=G)
     else:
         k = GROUPS // world
         mine = full.select(torch.arange(rank * k * G, (rank + 1) * k * G), group_size=G)
-    m = run_update(acc, policy, opt, algo, mine, micro_batch_size=3, pad_id=1)
+    m = run_update(
+        acc,
+        policy,
+        opt,
+        algo,
+        mine,
+        micro_batch_size=3,
+        pad_id=1,
+        max_tokens=args.max_tokens,
+        sharded=args.sharding == "fsdp2" and world > 1,
+    )
     assert m["actor/optimizer_steps"] == 2, m
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(
+        acc.unwrap_model(policy), options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
     if acc.is_main_process:
-        torch.save({k: v.detach().clone() for k, v in acc.unwrap_model(policy).lm.state_dict().items()}, out)
+        torch.save({k[len("lm.") :]: v.detach().clone() for k, v in state.items()}, args.out)
     acc.end_training()
+    del policy, opt, state
     acc.free_memory()  # accelerate's list of prepared models holds the DDP module, which holds the group
 
 

@@ -151,7 +151,15 @@ def test_accelerate_configs_are_valid_yaml():
 
     from scale.launch import LAUNCH_DIR
 
-    fsdp = yaml.safe_load((LAUNCH_DIR / "fsdp_multinode.yaml").read_text())
-    assert fsdp["distributed_type"] == "FSDP" and fsdp["num_processes"] == 128
-    assert fsdp["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "Qwen2DecoderLayer"
+    multi = yaml.safe_load((LAUNCH_DIR / "multinode.yaml").read_text())
+    # accelerate only starts the processes: FSDP2, precision and timeouts come from the run
+    # config, so a torchrun launch (which reads no accelerate file) trains the same way
+    assert multi["distributed_type"] == "MULTI_GPU" and multi["num_processes"] == 128
+    assert "fsdp_config" not in multi and multi["mixed_precision"] == "no"
+    from scale.config import load
+
+    cfg = load("qwen2.5-32b-dapo")
+    assert cfg.train.sharding == "fsdp2" and cfg.train.mixed_precision == "bf16"
+    assert cfg.model.dtype == "float32" and cfg.rollout.dtype == "bfloat16"
+    assert cfg.train.dist_timeout_s > 16 * 60  # above the longest generation round
     assert yaml.safe_load((LAUNCH_DIR / "ddp_cpu.yaml").read_text())["use_cpu"] is True

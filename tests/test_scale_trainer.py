@@ -60,7 +60,7 @@ def metrics(out):
 
 
 def comparable(m):
-    return {k: v for k, v in m.items() if not k.startswith("time/")}
+    return {k: v for k, v in m.items() if not k.startswith(("time/", "sync/seconds"))}
 
 
 def assert_same(a, b, tol=1e-6):
@@ -117,8 +117,25 @@ def test_hf_engine_three_steps_and_resume_equals_uninterrupted(tiny, tmp_path):
     assert [m["step"] for m in resumed] == [0, 1, 2]
     for x, y in zip(full, resumed):
         assert_same(comparable(x), comparable(y))
-    ckpt = sorted((b / "checkpoints").glob("step_*"))
-    assert ckpt and (ckpt[-1] / "model.safetensors").is_file()
+    # the weights too: both runs' last checkpoints, exported, are the same model
+    from safetensors.torch import load_file
+
+    exported = []
+    for run in (a, b):
+        ckpt = sorted((run / "checkpoints").glob("step_*"))[-1]
+        assert (ckpt / "state" / ".metadata").is_file() and (ckpt / "rank0.pt").is_file()
+        r = run_cli(["eval", "--model", str(ckpt), "--data", str(tiny["eval"])])
+        assert r.returncode == 2 and f"dapo export {ckpt}" in r.stderr  # a sharded checkpoint is no model
+        r = run_cli(["export", str(ckpt), str(run / "export"), "--dtype", "float32"])
+        assert r.returncode == 0, r.stderr[-3000:]
+        exported.append(load_file(str(run / "export" / "model.safetensors")))
+    start = load_file(str(tiny["model"] / "model.safetensors"))
+    assert exported[0].keys() == exported[1].keys() >= start.keys()
+    assert any(not torch.equal(exported[0][k], start[k]) for k in start)  # trained
+    for k in start:
+        assert torch.allclose(exported[0][k], exported[1][k], atol=1e-6), k
+    r = run_cli(["export", str(tmp_path / "nowhere"), str(tmp_path / "x")])
+    assert r.returncode == 2 and "nowhere" in r.stderr
 
 
 def test_vllm_engine_three_steps_weights_stay_in_sync_and_resume(tiny, tmp_path):
@@ -142,21 +159,29 @@ def test_vllm_engine_three_steps_weights_stay_in_sync_and_resume(tiny, tmp_path)
 
 
 @pytest.mark.multiprocess
-def test_two_gloo_processes_equal_one(tiny, tmp_path):
+@pytest.mark.parametrize(
+    "options",
+    [[], ["--sharding", "fsdp2"], ["--sharding", "fsdp2", "--max-tokens", "9"]],
+    ids=["ddp", "fsdp2", "fsdp2-packed-token-budget"],
+)
+def test_two_gloo_processes_equal_one(tiny, tmp_path, options):
+    """The update on 2 ranks (DDP, or FSDP2 with rank 0 reading the weights and the others
+    receiving shards; optionally packed micro-batches by token budget, unequal in number per
+    rank before equalisation) gives the weights of 1 process on the whole batch: the exact
+    token-mean and the global grad-norm clip hold across shards."""
     worker = str(Path(__file__).parent / "dp_worker.py")
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
     # 2 ranks x 2 groups, windows of 2 groups = one group per rank: global windows {0,2}, {1,3}
-    run_script([worker, str(tiny["model"]), str(one), "0,2,1,3"], nproc=1)
-    run_script([worker, str(tiny["model"]), str(two)], nproc=2)
+    run_script([worker, str(tiny["model"]), str(one), "--order", "0,2,1,3"], nproc=1)
+    run_script([worker, str(tiny["model"]), str(two), *options], nproc=2)
     a = torch.load(one, weights_only=True)
     b = torch.load(two, weights_only=True)
     from safetensors.torch import load_file
 
     start = load_file(str(tiny["model"] / "model.safetensors"))
-    assert a.keys() == b.keys()
     moved = max(float((a[k] - start[k]).abs().max()) for k in start)
     assert moved > 1e-3  # the update did something
-    for k in a:
+    for k in start:
         assert torch.allclose(a[k], b[k], atol=1e-6), (k, (a[k] - b[k]).abs().max())
 
 
@@ -249,10 +274,9 @@ def test_engine_failures_are_clear_errors():
         False,
         False,
     )
+    eng.path = "reload"
     with pytest.raises(EngineError, match="did not finish within"):
         eng.sync_weights([("lm_head.weight", torch.zeros(1))])
-    with pytest.raises(EngineError, match="lm_head"):
-        eng.sync_weights([("model.embed_tokens.weight", torch.zeros(1))])
 
     class BrokenLLM(HangingLLM):
         def collective_rpc(self, *a, **k):

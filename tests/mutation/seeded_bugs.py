@@ -227,10 +227,15 @@ BUGS = [
     Bug(
         "chunked entropy gradient sign",
         "dapo/logprobs.py",
-        "dz -= ge * p * (z - mean_z)",
-        "dz += ge * p * (z - mean_z)",
+        "dz = log_p.add_(ent_all[s : s + chunk].unsqueeze(-1)).mul_(ge)",
+        "dz = log_p.sub_(ent_all[s : s + chunk].unsqueeze(-1)).mul_(ge)",
     ),
-    Bug("chunked backward ignores the temperature", "dapo/logprobs.py", "            dz *= inv_temp\n", ""),
+    Bug(
+        "chunked backward ignores the temperature",
+        "dapo/logprobs.py",
+        "                dz.mul_(inv_temp)\n",
+        "                pass\n",
+    ),
 ]
 
 
