@@ -22,7 +22,6 @@ import argparse
 import json
 import math
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -86,11 +85,11 @@ def _launch(
 
 
 def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL every simulated node: each agent and all of its ranks."""
+    from .topology import kill_tree
+
     for p in procs:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_tree(p.pid)
     for p in procs:
         p.wait()
 

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -235,3 +237,51 @@ def shutdown() -> list[str]:
         dist.destroy_process_group()
     gc.collect()
     return communication_threads()
+
+
+# ---- process trees (Linux /proc): what a killed node leaves behind ----------------------------
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...), or None
+    when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        fields = _stat(entry)
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _gone(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is None or fields[0] in ("Z", "X")  # reaped, or dead and not yet reaped
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a launcher (a torchrun agent) and every process below it, and wait until they
+    are dead. The agent starts each rank in a session of its own, so killing the agent's
+    process group would leave the ranks running on (and writing checkpoints)."""
+    pids = [pid, *_descendants(pid)]
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 30
+    while not all(map(_gone, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -26,11 +26,9 @@ import importlib
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,51 +91,6 @@ def _describe(what: str, agent_output: str, ranks: list[RankOutput]) -> str:
     return "\n".join(parts)
 
 
-def _stat(pid: int | str) -> list[str] | None:
-    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...), or None
-    when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (from ``/proc``)."""
-    children: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        fields = _stat(entry)
-        if fields:
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _gone(pid: int) -> bool:
-    fields = _stat(pid)
-    return fields is None or fields[0] in ("Z", "X")  # reaped, or dead and not yet reaped
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL the torchrun agent and its ranks, and wait until they are dead. The agent
-    starts each rank in a session of its own, so killing the agent's process group would
-    leave the ranks running."""
-    pids = [pid, *_descendants(pid)]
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 30
-    while not all(map(_gone, pids)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
 def run_script(
     argv: list[str], nproc: int, *, timeout_s: float = 240, dist_timeout_s: float = 30
 ) -> list[RankOutput]:
@@ -177,7 +130,9 @@ def run_script(
         try:
             agent_output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_tree(proc.pid)  # the agent and every rank: nothing outlives the test
+            from scale.topology import kill_tree
+
+            kill_tree(proc.pid)  # the agent and every rank: nothing outlives the test
             agent_output, _ = proc.communicate()
             raise MultiprocessError(
                 _describe(
