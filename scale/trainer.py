@@ -194,7 +194,7 @@ class Trainer:
                 "with --resume auto, or choose another output.dir"
             )
         self.engine = self._make_engine()
-        self.sync_stats = self._sync_engine()
+        self._sync_engine()
         if self.acc.is_main_process:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
@@ -215,7 +215,7 @@ class Trainer:
             self.engine,
             self._policy.lm,
             dtype=dtype(r.dtype),
-            device="cuda" if torch.cuda.is_available() else "cpu",
+            device=self.acc.device,
             bucket_mb=r.sync_bucket_mb,
         )
 
