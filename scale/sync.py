@@ -10,7 +10,8 @@ names in the same order, so the all-gathers pair up. The engine consumes the str
 per bucket on older vLLM; see :mod:`scale.engines.vllm_engine`).
 
 The tied output layer is sent as ``lm_head.weight`` as well (vLLM's reload would otherwise
-keep a stale output layer), reusing the gathered embedding, not a second copy.
+keep a stale output layer): a module's state dict names a tied parameter under both of its
+names, and the engine refuses a stream without it.
 
 :class:`SyncStats` measures what the issue asks of a sync: seconds, the extra memory the
 sync allocated (``peak_bytes``: gathered or cast tensors alive at once; on a GPU the
@@ -92,34 +93,25 @@ def stream_weights(
     bucket_bytes: int,
     stats: SyncStats | None = None,
 ) -> Iterator[tuple[str, Tensor]]:
-    """Every tensor of ``lm`` (a transformers causal LM, possibly FSDP2-sharded) in checkpoint
-        naming, full and in ``dtype`` on ``device``, gathered one bucket at a time (a bucket
-    closes before the tensor that would take it past ``bucket_bytes``). The output
-        layer is included even when tied to the embeddings."""
+    """Every tensor of ``lm``'s state dict (a transformers causal LM, possibly FSDP2-sharded)
+    in checkpoint naming, full and in ``dtype`` on ``device``, gathered one bucket at a time (a
+    bucket closes before the tensor that would take it past ``bucket_bytes``). A state dict
+    holds a tied output layer under its own name too (``lm_head.weight``), so the engine gets it."""
     stats = stats if stats is not None else SyncStats()
     device = torch.device(device)
     state = lm.state_dict()
     names = list(state)
-    tied = "lm_head.weight" not in state
-    if tied:
-        out = lm.get_output_embeddings()
-        embed = lm.get_input_embeddings()
-        if out is None or embed is None or out.weight is not embed.weight:
-            raise ValueError("the LM's state dict has no lm_head.weight and its output layer is not tied")
-        tied_source = next(f"{n}.weight" for n, m in lm.named_modules() if m is embed)
     i = 0
-    t0 = time.perf_counter()
     while i < len(names):
         bucket: list[tuple[str, Tensor]] = []
         held = size = 0
-        while i < len(names) and (not bucket or size + _nbytes(state[names[i]], dtype) <= bucket_bytes):
-            name = names[i]
-            full, fresh = _materialise(state[name], dtype, device, stats)
+        while i < len(names) and (
+            not bucket or size + state[names[i]].numel() * dtype.itemsize <= bucket_bytes
+        ):
+            full, fresh = _materialise(state[names[i]], dtype, device, stats)
             held += fresh
             size += full.numel() * full.element_size()
-            bucket.append((name, full))
-            if tied and name == tied_source:
-                bucket.append(("lm_head.weight", full))
+            bucket.append((names[i], full))
             i += 1
         for name, full in bucket:
             nbytes = full.numel() * full.element_size()
@@ -129,11 +121,6 @@ def stream_weights(
             yield name, full
         del bucket, full
         stats.release(held)
-    stats.seconds += time.perf_counter() - t0
-
-
-def _nbytes(t: Tensor, dtype: torch.dtype) -> int:
-    return t.numel() * torch.empty((), dtype=dtype).element_size()
 
 
 class PeakMemory:

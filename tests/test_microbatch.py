@@ -9,8 +9,8 @@ import torch
 from factories import random_batch
 from hypothesis import given
 from hypothesis import strategies as st
+from test_update import cfg_for as update_cfg
 
-from dapo.config import AlgoConfig
 from dapo.loss import policy_loss, window_denominator
 from dapo.losses import cispo_loss, clip_cov_loss, gspo_loss, kl_cov_loss
 from dapo.microbatch import equalize, token_budget_bins
@@ -117,19 +117,8 @@ def make_batch(n_groups=4, g=4, seed=0, rollout=True):
 
 
 def cfg_for(agg="token-mean", **kw):
-    base = dict(
-        group_size=4,
-        train_groups=4,
-        mini_batch_groups=2,
-        loss_agg=agg,
-        max_grad_norm=None,
-        eps_high=0.28,
-        clip_ratio_c=3.0,
-        ppo_epochs=2,
-        tis_cap=1.5,
-    )
-    base.update(kw)
-    return AlgoConfig(**base)
+    """test_update's config, with two epochs and TIS weights (both paths through update)."""
+    return update_cfg(agg, **{"ppo_epochs": 2, "tis_cap": 1.5, **kw})
 
 
 def same_metrics(a, b, tol=1e-10):
