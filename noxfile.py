@@ -139,6 +139,8 @@ def scale_smoke(session: nox.Session) -> None:
         "16",
         "--template",
         "none",
+        "--chat-template",
+        "false",
         "--dtype",
         "float32",
         "--gpu-memory-utilization",

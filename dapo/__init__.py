@@ -9,7 +9,7 @@ from .advantages import config_advantages, group_advantages
 from .batch import BatchError, RolloutBatch
 from .config import GRPO, LADDER, PRESETS, SWITCHES, AlgoConfig, ConfigError, with_switches
 from .loss import aggregate, policy_loss, tis_weights, window_denominator
-from .metrics import SCHEMA, masked_mean, rollout_metrics, rollout_stats, token_metrics
+from .metrics import SCHEMA, masked_mean, rollout_metrics, rollout_stats
 from .rewards import config_reward, outcome_reward, score_integer_answer, soft_overlong_penalty
 from .sampling import DynamicSampler, SamplingWarning, uniform_groups
 from .update import DataParallel, LogProbs, update
@@ -43,7 +43,6 @@ __all__ = [
     "score_integer_answer",
     "soft_overlong_penalty",
     "tis_weights",
-    "token_metrics",
     "uniform_groups",
     "update",
     "window_denominator",

@@ -35,6 +35,8 @@ SCHEMA: dict[str, str] = {
     "sampling/surplus_groups": "informative groups generated beyond the batch and dropped",
     "sampling/underfilled": "1 if the round limit was hit before the batch was full, else 0",
     "sampling/tokens_per_accepted_group": "generated tokens / accepted groups",
+    "sampling/accept_rate": "informative groups accepted / groups generated (all rounds, all ranks)",
+    "sampling/rank_token_imbalance": "largest rank's share of the batch's tokens / the mean share (1: balanced)",
     "time/generate_s": "seconds spent generating (all rounds)",
     "time/update_s": "seconds in the update (old log-probs + optimizer steps)",
     "time/sync_s": "seconds syncing weights into the rollout engine",
@@ -85,10 +87,6 @@ SCHEMA: dict[str, str] = {
         )
     },
 }
-
-
-def _mean(x: Tensor) -> float:
-    return float(x.to(torch.float64).mean()) if x.numel() else math.nan
 
 
 def masked_mean(x: Tensor, mask: Tensor, dims: int = 1) -> Tensor:
@@ -148,19 +146,3 @@ def rollout_metrics(
         group_size=group_size,
     )
     return {k: float(v) for k, v in stats.items()}
-
-
-def token_metrics(old_logp: Tensor, mask: Tensor, entropy: Tensor | None = None) -> dict[str, float]:
-    """``actor/mean_prob`` and, given the per-token entropy of the full distribution,
-    ``actor/entropy`` (token means over ``mask``)."""
-    mask = mask.bool()
-    out = {"actor/mean_prob": _mean(torch.exp(old_logp.detach()[mask]))}
-    if entropy is not None:
-        out["actor/entropy"] = _mean(entropy.detach()[mask])
-    return out
-
-
-def mismatch_metrics(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> dict[str, float]:
-    """``mismatch/logp_gap``: how far the trainer's log-probs are from the engine's."""
-    mask = mask.bool()
-    return {"mismatch/logp_gap": _mean((old_logp - rollout_logp).detach().abs()[mask])}

@@ -13,6 +13,7 @@ Usage, per training step::
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -196,3 +197,43 @@ class DynamicSampler:
             }
         )
         return out
+
+
+# ---- dynamic sampling over many ranks ------------------------------------------------------
+
+
+def trim_round_major(counts: Sequence[Sequence[int]], target: int) -> list[list[int]]:
+    """Which accepted groups a global batch keeps: ``counts[r][d]`` groups accepted by rollout
+    group ``d`` in round ``r`` -> how many of them are kept, taking the first ``target`` in
+    round-major order (round 0's groups of every rank, then round 1's...). On one rank this
+    is :meth:`DynamicSampler.take`'s "first ``target_groups`` accepted"."""
+    left = max(0, target)
+    kept = []
+    for row in counts:
+        out = []
+        for n in row:
+            k = min(n, left)
+            out.append(k)
+            left -= k
+        kept.append(out)
+    return kept
+
+
+def balance_groups(tokens: Sequence[int], parts: int) -> list[list[int]]:
+    """Split groups (``tokens[i]``: group i's prompt + response tokens) into ``parts`` lists
+    of indices whose sizes differ by at most one (the first ``len % parts`` lists hold the
+    extra one), balancing the token sums: largest group first, into the lightest list that
+    still has room (longest-processing-time with a cardinality bound; verl balances its
+    sequence lengths over data-parallel ranks with a Karmarkar-Karp partition for the same
+    purpose). Each list is in increasing index order; deterministic."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    n = len(tokens)
+    room = [n // parts + (1 if p < n % parts else 0) for p in range(parts)]
+    load = [0] * parts
+    out: list[list[int]] = [[] for _ in range(parts)]
+    for i in sorted(range(n), key=lambda i: (-tokens[i], i)):
+        p = min((q for q in range(parts) if len(out[q]) < room[q]), key=lambda q: (load[q], q))
+        out[p].append(i)
+        load[p] += tokens[i]
+    return [sorted(o) for o in out]

@@ -30,7 +30,6 @@ from .advantages import config_advantages
 from .batch import RolloutBatch
 from .config import AlgoConfig
 from .loss import policy_loss, tis_weights, window_denominator
-from .metrics import mismatch_metrics, token_metrics
 
 
 @dataclass
@@ -122,15 +121,18 @@ def update(
     if cfg.overlong_filter:
         loss_mask = loss_mask & ~batch.truncated.unsqueeze(-1)
     weights = None
+    # token means over the whole (all-rank) batch: (sum, count) pairs, summed over ranks at the end
+    means: dict[str, tuple[float, float]] = {}
+    n_tokens = float(batch.mask.sum())
+    means["actor/mean_prob"] = (float(torch.exp(batch.old_logp.double())[batch.mask].sum()), n_tokens)
     if batch.rollout_logp is not None:
-        out.update(mismatch_metrics(batch.old_logp, batch.rollout_logp, batch.mask))
+        gap = (batch.old_logp - batch.rollout_logp).double().abs()[batch.mask]
+        means["mismatch/logp_gap"] = (float(gap.sum()), n_tokens)
         if cfg.tis_cap is not None:
             weights = tis_weights(batch.old_logp, batch.rollout_logp, cfg.tis_cap)
-            w = weights[batch.mask]
-            out["mismatch/tis_weight_mean"] = float(w.mean()) if w.numel() else math.nan
-            out["mismatch/tis_capped_frac"] = (
-                float((w >= cfg.tis_cap * (1 - 1e-6)).float().mean()) if w.numel() else math.nan
-            )
+            w = weights[batch.mask].double()
+            means["mismatch/tis_weight_mean"] = (float(w.sum()), n_tokens)
+            means["mismatch/tis_capped_frac"] = (float((w >= cfg.tis_cap * (1 - 1e-6)).sum()), n_tokens)
 
     # optimizer steps per epoch: the whole (all-rank) batch cut into windows of
     # mini_batch_groups groups; each rank cuts its own responses into that many pieces
@@ -213,10 +215,11 @@ def update(
     optimizer.zero_grad(set_to_none=True)
 
     filtered = batch.truncated if cfg.overlong_filter else torch.zeros_like(batch.truncated)
-    out.update(sums.finish())
-    out.update(token_metrics(batch.old_logp, batch.mask))
-    out["actor/loss_tokens"] = float(loss_mask.sum())
-    out["actor/filtered_responses"] = float(filtered.sum())
+    totals = {"actor/loss_tokens": float(loss_mask.sum()), "actor/filtered_responses": float(filtered.sum())}
+    summary = sums.finish(dp, means, totals)
+    # the order of the single-process loop's log (the toy engine's batched log must match it)
+    out.update({k: v for k, v in summary.items() if k.startswith("mismatch/")})
+    out.update({k: v for k, v in summary.items() if not k.startswith("mismatch/")})
     return out
 
 
@@ -267,17 +270,38 @@ class _Sums:
             self.ent_tokens += float(m.sum())
             self.ent_sum += float(entropy.detach().to(torch.float64)[m].sum())
 
-    def finish(self) -> dict[str, float]:
+    def finish(
+        self, dp: DataParallel, means: dict[str, tuple[float, float]], totals: dict[str, float]
+    ) -> dict[str, float]:
+        """The ``actor/*`` metrics of the whole batch over every rank, equal on every rank:
+        one all-reduce sums the token-weighted statistics, each optimizer step's loss (each
+        rank's share is its local sum over the global denominator), the token means
+        (``means``: name -> (sum, count)) and the ``totals``. Steps are taken or skipped by all
+        ranks together, so every rank holds as many losses."""
+        keys = list(means)
+        local = [self.tokens, *self.weighted.values(), self.n_upclip, self.upclip_prob, self.ent_tokens]
+        local += [self.ent_sum, *(x for k in keys for x in means[k]), *totals.values(), *self.losses]
+        summed = dp.sum(torch.tensor(local, dtype=torch.float64)).tolist()
+        tokens, summed = summed[0], summed[1:]
+        weighted, summed = summed[: len(_TOKEN_STATS)], summed[len(_TOKEN_STATS) :]
+        n_upclip, upclip_prob, ent_tokens, ent_sum, summed = *summed[:4], summed[4:]
         nan = math.nan
-        res = {f"actor/{k}": v / self.tokens if self.tokens else nan for k, v in self.weighted.items()}
-        res["actor/upclip_old_prob"] = self.upclip_prob / self.n_upclip if self.n_upclip else nan
-        res["actor/entropy"] = self.ent_sum / self.ent_tokens if self.ent_tokens else nan
-        res["actor/loss"] = sum(self.losses) / len(self.losses) if self.losses else nan
+        res = {f"actor/{k}": v / tokens if tokens else nan for k, v in zip(_TOKEN_STATS, weighted)}
+        res["actor/upclip_old_prob"] = upclip_prob / n_upclip if n_upclip else nan
+        res["actor/entropy"] = ent_sum / ent_tokens if ent_tokens else nan
+        token_means = {
+            k: summed[2 * i] / summed[2 * i + 1] if summed[2 * i + 1] else nan for i, k in enumerate(keys)
+        }
+        summed = summed[2 * len(keys) :]
+        losses = summed[len(totals) :]
+        res["actor/loss"] = sum(losses) / len(losses) if losses else nan
         res["actor/grad_norm"] = sum(self.norms) / len(self.norms) if self.norms else nan
         res["actor/grad_norm_max"] = max(self.norms) if self.norms else nan
         res["actor/optimizer_steps"] = float(self.steps)
         res["actor/skipped_steps"] = float(self.skipped)
         res["actor/empty_windows"] = float(self.empty_windows)
+        res.update(token_means)
+        res.update(zip(totals, summed[: len(totals)]))
         return res
 
 

@@ -96,7 +96,7 @@ def train_main(argv: list[str] | None = None) -> int:
         (Path(cfg.output.dir) / "gate.json").write_text(json.dumps(gate, indent=2, default=str))
         _ensure_tiny(cfg)
     from .engines import EngineError
-    from .topology import preload_collective_modules, shutdown
+    from .topology import CollectiveTimeout, preload_collective_modules, shutdown
     from .trainer import Trainer
 
     preload_collective_modules()  # before accelerate creates the process group
@@ -113,6 +113,13 @@ def train_main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 4
+    except CollectiveTimeout as err:
+        print(
+            f"dapo train: rank {os.environ.get('RANK', '0')}: {err}; resume with --resume auto (the last "
+            f"checkpoint under {cfg.output.dir}/checkpoints)",
+            file=sys.stderr,
+        )
+        return 3
     except KeyboardInterrupt:
         print(
             f"dapo train: interrupted; resume with --resume auto (the last checkpoint under "
@@ -181,21 +188,47 @@ def _ensure_tiny(cfg, model: bool = True) -> None:
 
 
 def _validate_data(cfg) -> int:
-    from .data import DataError, load_problems
+    """Read, validate and de-duplicate the train and eval sets (``N unique problems from M
+    rows``). With the model's tokenizer at hand (a local directory, or the hub cache; nothing
+    is downloaded for it) the chat template and prompt lengths are checked too, and the
+    prepared sets are cached (``data.cache_dir``) for the run to read."""
+    from .data import DataError, prepare_problems
 
+    tok = None
+    model = Path(cfg.model.path).expanduser()
+    if model.is_dir() or not model.exists():
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(
+                str(model) if model.is_dir() else cfg.model.path, local_files_only=True
+            )
+        except (OSError, ValueError):
+            tok = None
+    if tok is None:
+        print(
+            f"note: no local tokenizer at {cfg.model.path!r}; data.chat_template and "
+            "data.max_prompt_tokens are checked when training starts"
+        )
     try:
-        for spec, split in ((cfg.data.train, cfg.data.train_split), (cfg.data.eval, cfg.data.eval_split)):
+        for name, spec, split in (
+            ("train", cfg.data.train, cfg.data.train_split),
+            ("eval", cfg.data.eval, cfg.data.eval_split),
+        ):
             if spec:
-                n = len(
-                    load_problems(
-                        spec,
-                        split=split,
-                        prompt_key=cfg.data.prompt_key,
-                        answer_key=cfg.data.answer_key,
-                        template=cfg.data.template,
-                    )
+                ps = prepare_problems(
+                    spec,
+                    split=split,
+                    prompt_key=cfg.data.prompt_key,
+                    answer_key=cfg.data.answer_key,
+                    template=cfg.data.template,
+                    chat_template=cfg.data.chat_template if tok is not None else False,
+                    tokenizer=tok,
+                    max_prompt_tokens=cfg.data.max_prompt_tokens if tok is not None else None,
+                    cache_dir=cfg.data.cache_dir,
+                    log=lambda msg: print(f"dapo train: {msg}", file=sys.stderr),
                 )
-                print(f"{spec}: {n} valid records")
+                print(f"data.{name}: {ps.summary()}")
     except (DataError, FileNotFoundError) as err:
         print(f"dapo train: {err}", file=sys.stderr)
         return 2
@@ -247,7 +280,16 @@ def eval_parser() -> argparse.ArgumentParser:
         default="dapo",
         help="dapo: wrap problems in the paper's 'Answer:' instruction; none: prompts as they are",
     )
-    p.add_argument("--limit", type=Int(lo=1), default=None, help="only the first N problems")
+    p.add_argument(
+        "--chat-template",
+        type=Text(),
+        default="true",
+        help="true (default, as verl's DAPO recipe): the tokenizer's chat template; false: plain-text "
+        "prompts; or the path of a Jinja chat template file",
+    )
+    p.add_argument(
+        "--limit", type=Int(lo=1), default=None, help="only the first N problems (after de-duplication)"
+    )
     p.add_argument(
         "--gpu-memory-utilization",
         type=Float(lo=0.0, lo_open=True, hi=1.0),
@@ -324,16 +366,22 @@ def _generate(args: argparse.Namespace, tok: Any, prompts: list[list[int]]) -> l
 def eval_main(argv: list[str] | None = None) -> int:
     args = eval_parser().parse_args(argv)
     _check_model(args.model)
+    chat_template: bool | str = args.chat_template
+    if args.chat_template.strip().lower() in ("true", "false"):
+        chat_template = args.chat_template.strip().lower() == "true"
+    elif not Path(args.chat_template).expanduser().is_file():
+        raise UsageError(
+            "--chat-template: expected true, false or the path of a Jinja chat template file; "
+            f"no such file: {args.chat_template!r}"
+        )
 
-    from .data import DataError, load_problems
+    from .data import ChatTemplateError, DataError, prepare_problems
 
+    # the records first (no tokenizer yet: a bad file is reported before anything is loaded)
     try:
-        problems = load_problems(args.data, template=args.template)
+        prepare_problems(args.data, template=args.template, chat_template=False)
     except (DataError, FileNotFoundError) as err:
         raise UsageError(f"--data: {err}") from None
-    problems = problems[: args.limit] if args.limit else problems
-    if not problems:
-        raise UsageError(f"--data: {args.data!r} holds no problems")
     quiet_engines(args.verbose)
 
     from transformers import AutoTokenizer
@@ -347,7 +395,16 @@ def eval_main(argv: list[str] | None = None) -> int:
         raise UsageError(
             f"--model: cannot load a tokenizer from {args.model!r}: {str(err).splitlines()[0]}"
         ) from None
-    prompts = [tok(p.prompt).input_ids for p in problems]
+    try:
+        data = prepare_problems(args.data, template=args.template, chat_template=chat_template, tokenizer=tok)
+    except ChatTemplateError as err:
+        raise UsageError(f"--chat-template: {err.reason}") from None
+    except (DataError, FileNotFoundError) as err:
+        raise UsageError(f"--data: {err}") from None
+    print(f"dapo eval: {data.summary()}", file=sys.stderr)  # duplicated rows would count k times over
+    data = data.head(args.limit)
+    problems = data.problems
+    prompts = data.prompt_ids  # prepared with a tokenizer: the ids of each problem's prompt
     try:
         gens = _generate(args, tok, prompts)
     except EngineError as err:
@@ -371,6 +428,7 @@ def eval_main(argv: list[str] | None = None) -> int:
             json.dumps(
                 {
                     "summary": summary,
+                    "data": data.summary(),
                     "settings": {k: str(v) for k, v in vars(args).items()},
                     "predictions": [
                         {"source": p.source, "row": p.row, "answer": p.answer, "predictions": r.predictions}

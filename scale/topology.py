@@ -45,7 +45,11 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -115,16 +119,16 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_max(value: int, device: Any = "cpu") -> int:
-    """The largest ``value`` over ranks (itself on one process)."""
+def all_max(value: float, device: Any = "cpu") -> Any:
+    """The largest ``value`` over ranks (itself on one process); an int for ints."""
     import torch
     import torch.distributed as dist
 
     if not _initialized():
         return value
-    x = torch.tensor([value], device=device)
+    x = torch.tensor([value], dtype=torch.float64 if isinstance(value, float) else torch.long, device=device)
     dist.all_reduce(x, op=dist.ReduceOp.MAX)
-    return int(x.item())
+    return x.item()
 
 
 def communication_threads() -> list[str]:
@@ -285,3 +289,173 @@ def kill_tree(pid: int) -> None:
     deadline = time.monotonic() + 30
     while not all(map(_gone, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+# ---- rollout groups: who generates what --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Where a process sits. Training shards over all ``world`` ranks; generation runs in
+    rollout (data-parallel) groups of ``tensor_parallel`` consecutive ranks, one vLLM engine
+    split over each group (the layout vLLM's ``external_launcher`` builds: ranks
+    ``[0, tp)``, ``[tp, 2 tp)``, ...). The members of a group must ask their engine for the
+    same thing at the same time, so prompts, seeds and every round decision derive from
+    ``dp_rank``, never from ``rank`` (TRL seeds by ``process_index // tp`` likewise)."""
+
+    rank: int
+    world: int
+    tensor_parallel: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel < 1 or self.world % self.tensor_parallel:
+            raise ValueError(
+                f"rollout.tensor_parallel={self.tensor_parallel} does not divide the {self.world} processes"
+            )
+        if not 0 <= self.rank < self.world:
+            raise ValueError(f"rank {self.rank} is outside a world of {self.world}")
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's rollout group: what decides its prompts and seeds."""
+        return self.rank // self.tensor_parallel
+
+    @property
+    def dp_size(self) -> int:
+        """Rollout groups (independent engines)."""
+        return self.world // self.tensor_parallel
+
+    @property
+    def tp_rank(self) -> int:
+        """Position inside the rollout group (0 speaks for the group where one must)."""
+        return self.rank % self.tensor_parallel
+
+    def members(self, dp_rank: int) -> range:
+        """The ranks of rollout group ``dp_rank``."""
+        return range(dp_rank * self.tensor_parallel, (dp_rank + 1) * self.tensor_parallel)
+
+
+# ---- collectives that say what they wait for ------------------------------------------------------
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective gave up (the process-group timeout): names what this rank waited for."""
+
+
+class _Waits:
+    """What this process waits for now (one at a time: collectives are sequential)."""
+
+    def __init__(self) -> None:
+        self.what: str | None = None
+        self.since = 0.0
+        self.reported = 0.0
+        self.lock = threading.Lock()
+        self.reporter: threading.Thread | None = None
+
+
+_WAITS = _Waits()
+
+
+def start_wait_reports(report_s: float, log: Callable[[str], None], rank: int) -> None:
+    """Report, every ``report_s`` seconds, a wait inside :func:`waiting_for` that has lasted
+    longer than that: ``rank 3: waiting 310 s for <what>`` (one daemon thread per process;
+    0 turns reports off)."""
+    if report_s <= 0 or (_WAITS.reporter is not None and _WAITS.reporter.is_alive()):
+        return
+
+    def watch() -> None:
+        while True:
+            time.sleep(min(report_s, 5.0) / 2)
+            with _WAITS.lock:
+                what, since, last = _WAITS.what, _WAITS.since, _WAITS.reported
+                now = time.monotonic()
+                due = what is not None and now - since >= report_s and now - last >= report_s
+                if due:
+                    _WAITS.reported = now
+            if due:
+                log(f"rank {rank}: waiting {now - since:.0f} s for {what}")
+
+    _WAITS.reporter = threading.Thread(target=watch, name="dapo-wait-reports", daemon=True)
+    _WAITS.reporter.start()
+
+
+@contextmanager
+def waiting_for(what: str) -> Iterator[None]:
+    """Run a collective (or anything that waits on other ranks) under a name: long waits are
+    reported (:func:`start_wait_reports`), and a collective that times out raises
+    :class:`CollectiveTimeout` naming ``what`` and how long this rank waited."""
+    with _WAITS.lock:
+        outer = _WAITS.what, _WAITS.since
+        _WAITS.what, _WAITS.since, _WAITS.reported = what, time.monotonic(), time.monotonic()
+    t0 = time.monotonic()
+    try:
+        yield
+    except CollectiveTimeout:
+        raise
+    except RuntimeError as err:  # gloo and NCCL raise RuntimeError subclasses (DistBackendError)
+        if not _is_collective_failure(err):
+            raise
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise CollectiveTimeout(
+            f"gave up after {time.monotonic() - t0:.0f} s waiting for {what} ({first}); another rank "
+            "is slower (a longer generation round?) or has died: see its log, or raise "
+            "train.dist_timeout_s"
+        ) from err
+    finally:
+        with _WAITS.lock:
+            _WAITS.what, _WAITS.since = outer
+
+
+def _is_collective_failure(err: BaseException) -> bool:
+    import torch.distributed as dist
+
+    text = str(err).lower()
+    return isinstance(err, getattr(dist, "DistError", ())) or any(
+        s in text for s in ("timed out", "timeout", "connection closed", "connection reset", "gloo", "nccl")
+    )
+
+
+class Comm:
+    """The few collectives the rollout needs, over the default process group (or trivial on
+    one process). Objects travel pickled (``all_gather_object``); batches travel as bytes
+    point to point (:meth:`exchange`), so no rank ever holds the whole global batch."""
+
+    def __init__(self, ranks: Ranks, device: Any = "cpu"):
+        self.ranks = ranks
+        self.device = device
+
+    def all_gather(self, obj: Any, what: str) -> list[Any]:
+        """``obj`` from every rank, in rank order."""
+        if self.ranks.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.ranks.world
+        with waiting_for(what):
+            dist.all_gather_object(out, obj)
+        return out
+
+    def exchange(self, outgoing: dict[int, bytes], incoming: dict[int, int], what: str) -> dict[int, bytes]:
+        """Send ``outgoing[dst]`` to each ``dst`` and receive ``incoming[src]`` bytes from each
+        ``src`` (sizes every rank computed alike); what arrives, by source."""
+        import torch
+
+        got = {src: outgoing[src] for src in incoming if src == self.ranks.rank}
+        if self.ranks.world == 1:
+            return got
+        import torch.distributed as dist
+
+        ops, bufs = [], {}
+        for dst, data in outgoing.items():
+            if dst != self.ranks.rank:
+                t = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+                ops.append(dist.P2POp(dist.isend, t, dst))
+        for src, size in incoming.items():
+            if src != self.ranks.rank:
+                bufs[src] = torch.empty(size, dtype=torch.uint8, device=self.device)
+                ops.append(dist.P2POp(dist.irecv, bufs[src], src))
+        with waiting_for(what):
+            for work in dist.batch_isend_irecv(ops) if ops else []:
+                work.wait()
+        got.update({src: bytes(b.cpu().numpy().tobytes()) for src, b in bufs.items()})
+        return got

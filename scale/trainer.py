@@ -2,9 +2,13 @@
 
 Per training step, on every rank:
 
-1. generation rounds of ``gen_groups / world`` prompts x G responses, scored with
-   :func:`dapo.rewards.score_integer_answer` and fed to :class:`dapo.DynamicSampler` until
-   the rank holds ``train_groups / world`` informative groups (or the round limit);
+1. generation rounds: each rollout group (the ``rollout.tensor_parallel`` ranks of one engine,
+   :class:`scale.topology.Ranks`) takes its slice of ``gen_groups`` prompts from the one
+   global prompt stream and generates G responses each, scored with
+   :func:`dapo.rewards.score_integer_answer`; :class:`scale.rollout.GlobalDynamicSampler`
+   counts the informative groups of all ranks after each round, stops every rank together at
+   ``train_groups`` (or the round limit) and hands each rank ``train_groups / world`` of them,
+   balanced by tokens;
 2. the engine sleeps; the trainer recomputes the sampling policy's log-probs of the kept
    responses (``old_logp``; the engine's stay as ``rollout_logp`` for the mismatch metric
    and TIS weights);
@@ -29,7 +33,7 @@ from typing import Any
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from dapo import DataParallel, DynamicSampler, RolloutBatch, config_reward, update
+from dapo import DataParallel, RolloutBatch, config_reward, update
 from dapo.health.callback import HealthMonitor
 from dapo.health.knobs import from_config
 from dapo.rewards import score_integer_answer
@@ -37,19 +41,28 @@ from dapo.sampling import SamplingWarning
 
 from . import checkpoint as ckpt
 from .config import RunConfig
-from .data import PromptStream, contamination, load_problems
+from .data import DataError, ProblemSet, PromptStream, contamination, prepare_problems
 from .engines import Generation, make_engine
 from .evaluation import ProblemResult, canonical_prediction, summarize
 from .policy import Policy, response_logp, token_budget_splitter
+from .rollout import GlobalDynamicSampler, round_digest
 from .sharding import build_policy, clip_grad_norm, dtype
 from .sync import SyncStats, sync
-from .topology import all_max, barrier, make_accelerator
+from .topology import Comm, Ranks, all_max, barrier, make_accelerator, start_wait_reports, waiting_for
+
+
+def _labelled_barrier(what: str) -> None:
+    with waiting_for(what):
+        barrier()
 
 
 def _seed(*parts: Any) -> int:
     """A stable 31-bit seed from run coordinates (rank, step, round...)."""
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
+
+PER_RANK_METRICS = ("time/", "sync/")
+"""Metrics measured on each rank (the run logs the largest); all others are global."""
 
 Split = Callable[[torch.Tensor], list[torch.Tensor]]
 """Row indices -> the micro-batches' row indices (the same count on every rank)."""
@@ -112,7 +125,9 @@ def run_update(
     )
     if batch.rollout_logp is not None:
         gap = (batch.old_logp - batch.rollout_logp).abs()[batch.mask]
-        m["mismatch/logp_gap_max"] = float(gap.max()) if gap.numel() else math.nan
+        m["mismatch/logp_gap_max"] = all_max(float(gap.max()) if gap.numel() else -math.inf, acc.device)
+        if not math.isfinite(m["mismatch/logp_gap_max"]):
+            m["mismatch/logp_gap_max"] = math.nan
     return m
 
 
@@ -128,15 +143,24 @@ class Trainer:
         self.out = Path(cfg.output.dir)
         self.acc = accelerator or make_accelerator(cfg)
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
+        self.ranks = Ranks(self.rank, self.world, cfg.rollout.tensor_parallel)
+        self.comm = Comm(self.ranks, self.acc.device)
+        start_wait_reports(cfg.train.wait_report_s, log, self.rank)
         if self.world > 1 and cfg.train.sharding == "fsdp2" and cfg.rollout.engine == "hf":
             raise ValueError(
                 "rollout.engine=hf generates with the trainer's module, which train.sharding=fsdp2 "
                 "shards over ranks that generate different lengths; use rollout.engine=vllm"
             )
         algo = cfg.algo
-        for name, total in (("algo.train_groups", algo.train_groups), ("rollout.gen_groups", cfg.gen_groups)):
-            if total % self.world:
-                raise ValueError(f"{name}={total} is not divisible by the {self.world} processes")
+        if algo.train_groups % self.world:
+            raise ValueError(
+                f"algo.train_groups={algo.train_groups} is not divisible by the {self.world} processes"
+            )
+        if cfg.gen_groups % self.ranks.dp_size:
+            raise ValueError(
+                f"rollout.gen_groups={cfg.gen_groups} is not divisible by the {self.ranks.dp_size} rollout "
+                f"groups ({self.world} processes / rollout.tensor_parallel={self.ranks.tensor_parallel})"
+            )
         torch.manual_seed(cfg.train.seed)
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
@@ -145,30 +169,19 @@ class Trainer:
         self.eos_id, self.pad_id = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
 
         # data first: refuse to start (before allocating a model) if any record is malformed
-        self.problems = load_problems(
-            cfg.data.train,
-            split=cfg.data.train_split,
-            prompt_key=cfg.data.prompt_key,
-            answer_key=cfg.data.answer_key,
-            template=cfg.data.template,
-            tokenizer=self.tokenizer,
-            max_prompt_tokens=cfg.data.max_prompt_tokens,
+        train = self._problem_set(cfg.data.train, cfg.data.train_split)
+        self.problems = train.problems
+        self._prompt_ids: dict[str, list[int]] = dict(
+            zip((p.prompt for p in train.problems), train.prompt_ids or [])
         )
         self.eval_problems = None
         if cfg.data.eval:
-            self.eval_problems = load_problems(
-                cfg.data.eval,
-                split=cfg.data.eval_split,
-                prompt_key=cfg.data.prompt_key,
-                answer_key=cfg.data.answer_key,
-                template=cfg.data.template,
-                tokenizer=self.tokenizer,
-                max_prompt_tokens=cfg.data.max_prompt_tokens,
-            )
-            if cfg.eval.limit:
-                self.eval_problems = self.eval_problems[: cfg.eval.limit]
-        self.stream = PromptStream(self.problems, seed=cfg.data.shuffle_seed + self.rank)
-        self._prompt_ids: dict[str, list[int]] = {}
+            evals = self._problem_set(cfg.data.eval, cfg.data.eval_split).head(cfg.eval.limit)
+            self.eval_problems = evals.problems
+            self._prompt_ids.update(zip((p.prompt for p in evals.problems), evals.prompt_ids or []))
+        # one prompt stream, identical on every rank: each round every rollout group takes its
+        # slice of the same draw (no prompt twice in an epoch, whatever the world size)
+        self.stream = PromptStream(self.problems, seed=cfg.data.shuffle_seed)
 
         # the model on its ranks (DDP or FSDP2), then the optimizer over what the ranks hold
         self.policy, self._policy = build_policy(cfg, self.acc)
@@ -203,6 +216,7 @@ class Trainer:
                 self.acc.init_trackers("dapo", config=json.loads(json.dumps(cfg.to_dict(), default=str)))
         self.health = HealthMonitor(cfg.diagnose.every_steps, knobs=from_config(cfg.to_dict()))
         self.health.extend(self._trim_metrics_log())
+        self._trim_trace()
 
     # ---- setup helpers ----------------------------------------------------------------
     def _unwrapped(self) -> Policy:
@@ -231,7 +245,7 @@ class Trainer:
             max_model_len=c.rollout.max_model_len or longest + c.algo.max_len,
             gpu_memory_utilization=c.rollout.gpu_memory_utilization,
             tensor_parallel=c.rollout.tensor_parallel,
-            seed=c.rollout.seed + self.rank,
+            seed=c.rollout.seed + self.ranks.dp_rank,
             sleep_during_training=c.rollout.sleep_during_training,
             sync_timeout_s=c.rollout.sync_timeout_s,
             distributed=self.world > 1,
@@ -252,11 +266,48 @@ class Trainer:
             )
 
     def _encode(self, prompt: str) -> list[int]:
-        ids = self._prompt_ids.get(prompt)
-        if ids is None:
-            ids = self.tokenizer(prompt).input_ids
-            self._prompt_ids[prompt] = ids
-        return ids
+        """A prompt's token ids, as :func:`scale.data.prepare_problems` encoded them."""
+        return self._prompt_ids[prompt]
+
+    def _problem_set(self, spec: str, split: str) -> ProblemSet:
+        """The unique problems of ``spec``, prepared once per node: local rank 0 reads, validates,
+        templates and tokenises (and fills ``data.cache_dir``); the node's other ranks then read
+        the cache. Without a cache every rank prepares the set itself."""
+        d = self.cfg.data
+
+        def prepare() -> ProblemSet:
+            return prepare_problems(
+                spec,
+                split=split,
+                prompt_key=d.prompt_key,
+                answer_key=d.answer_key,
+                template=d.template,
+                chat_template=d.chat_template,
+                tokenizer=self.tokenizer,
+                max_prompt_tokens=d.max_prompt_tokens,
+                cache_dir=d.cache_dir,
+                log=self.log,
+            )
+
+        first = self.acc.is_local_main_process or d.cache_dir is None
+        ps, failure = None, None
+        if first:
+            try:
+                ps = prepare()
+            except (DataError, FileNotFoundError) as err:
+                failure = err
+        if self.world > 1 and d.cache_dir is not None:  # the others wait for the cache
+            with waiting_for(f"local rank 0 to prepare {spec}"):
+                failed = all_max(int(failure is not None), self.acc.device)
+            if failure is None and failed:
+                raise DataError([(spec, 0, "<file>", "not prepared: see local rank 0's error")])
+        if failure is not None:
+            raise failure
+        if ps is None:
+            ps = prepare()
+        if self.acc.is_main_process:
+            self.log(f"{'data.train' if spec == d.train else 'data.eval'}: {ps.summary()}")
+        return ps
 
     # ---- rollouts ---------------------------------------------------------------------
     def _to_batch(self, problems, gens: list[list[Generation]]) -> RolloutBatch:
@@ -321,30 +372,64 @@ class Trainer:
         )
 
     def collect(self) -> tuple[RolloutBatch | None, dict[str, float]]:
-        """Generation rounds until this rank's share of the batch is full."""
-        c, algo = self.cfg, self.cfg.algo
-        per_rank = algo.train_groups // self.world
-        sampler = DynamicSampler.for_config(algo, per_rank)
+        """Generation rounds until the informative groups of all ranks fill the batch; this
+        rank's balanced share of it."""
+        c, algo, me = self.cfg, self.cfg.algo, self.ranks
+        sampler = GlobalDynamicSampler(algo, me, self.comm, step=self.step)
+        per_group = c.gen_groups // me.dp_size
         t0 = time.perf_counter()
         while not sampler.done:
-            problems = self.stream.take(c.gen_groups // self.world)
+            problems = self.stream.take(c.gen_groups)[me.dp_rank * per_group : (me.dp_rank + 1) * per_group]
+            prompts = [self._encode(p.prompt) for p in problems]
+            seed = _seed(c.rollout.seed, me.dp_rank, self.step, sampler.rounds)
             gens = self.engine.generate(
-                [self._encode(p.prompt) for p in problems],
+                prompts,
                 n=algo.group_size,
                 max_tokens=algo.max_len,
                 temperature=c.rollout.temperature,
                 top_p=c.rollout.top_p,
-                seed=_seed(c.rollout.seed, self.rank, self.step, sampler.rounds),
+                seed=seed,
             )
-            sampler.add(self._to_batch(problems, gens))
+            digest = round_digest(prompts, seed, [[x.token_ids for x in row] for row in gens])
+            if c.output.trace_rollouts:
+                self._trace(
+                    round=sampler.rounds,
+                    seed=seed,
+                    prompts=[f"{p.source}:{p.row}" for p in problems],
+                    digest=digest,
+                )
+            sampler.add(self._to_batch(problems, gens), digest)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", SamplingWarning)
             batch = sampler.take()
         for w in caught:
-            self.log(f"step {self.step}: {w.message}")
+            if self.acc.is_main_process:
+                self.log(f"step {self.step}: {w.message}")
+        if c.output.trace_rollouts:  # what this rank trains on
+            self._trace(
+                share_groups=batch.num_groups if batch is not None else 0,
+                share_tokens=int(batch.mask.sum()) if batch is not None else 0,
+            )
         m = sampler.metrics()
         m["time/generate_s"] = time.perf_counter() - t0
         return batch, m
+
+    def _trace_path(self) -> Path:
+        return self.out / "trace" / f"rank{self.rank}.jsonl"
+
+    def _trace(self, **fields: Any) -> None:
+        """``output.trace_rollouts``: one line per generation round (what this rank's engine was
+        asked for: the members of a rollout group write the same) and one per step (this rank's
+        share of the batch: groups and response tokens)."""
+        path = self._trace_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        line = {
+            "step": self.step,
+            **{k: getattr(self.ranks, k) for k in ("rank", "dp_rank", "tp_rank")},
+            **fields,
+        }
+        with path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
 
     # ---- update -------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
@@ -391,7 +476,8 @@ class Trainer:
         if not self.eval_problems:
             return {}
         e, algo = self.cfg.eval, self.cfg.algo
-        mine = self.eval_problems[self.rank :: self.world]
+        me = self.ranks  # rollout groups split the problems; their members generate together
+        mine = self.eval_problems[me.dp_rank :: me.dp_size]
         gens = (
             self.engine.generate(
                 [self._encode(p.prompt) for p in mine],
@@ -399,7 +485,7 @@ class Trainer:
                 max_tokens=e.max_new_tokens or algo.max_len,
                 temperature=e.temperature,
                 top_p=e.top_p,
-                seed=_seed("eval", self.rank, self.step),
+                seed=_seed("eval", me.dp_rank, self.step),
             )
             if mine
             else []
@@ -414,29 +500,32 @@ class Trainer:
             )
             for p, row in zip(mine, gens)
         ]
-        from accelerate.utils import gather_object
-
-        everything = gather_object([results]) if self.world > 1 else [results]
+        everything = self.comm.all_gather(
+            results if me.tp_rank == 0 else [], f"the other rollout groups' evaluation at step {self.step}"
+        )
         flat = [r for part in everything for r in part]
         return summarize(flat) if flat else {}
 
     # ---- the loop --------------------------------------------------------------------------
     def _reduce_metrics(self, m: dict[str, float]) -> dict[str, float]:
+        """One line for the whole run. Timings and sync figures are per rank (the slowest rank
+        counts); every other metric is global by construction (token-weighted sums over all
+        ranks, or the same all-gathered reports), so rank 0's value stands for all. A global
+        metric that differs across ranks is a bug: it is logged."""
         if self.world == 1:
             return m
-        from accelerate.utils import gather_object
-
-        parts = gather_object([m])
-        keys = sorted({k for p in parts for k in p})
+        parts = self.comm.all_gather(m, f"the metrics of step {self.step}")
         out = {}
-        for k in keys:
+        for k in sorted({k for p in parts for k in p}):
             vals = [p[k] for p in parts if k in p and not (isinstance(p[k], float) and math.isnan(p[k]))]
-            if not vals:
-                out[k] = math.nan
-            elif k.endswith("_max") or k.startswith("sync/"):  # the worst rank
-                out[k] = max(vals)
-            else:
-                out[k] = sum(vals) / len(vals)
+            if k.startswith(PER_RANK_METRICS):
+                out[k] = max(vals) if vals else math.nan
+                continue
+            out[k] = parts[0].get(k, math.nan)
+            if self.acc.is_main_process and vals and max(vals) - min(vals) > 1e-6 * max(1.0, abs(vals[0])):
+                self.log(
+                    f"step {self.step}: warning: metric {k} differs across ranks ({min(vals)} .. {max(vals)})"
+                )
         return out
 
     def _metrics_path(self) -> Path:
@@ -452,6 +541,13 @@ class Trainer:
         keep = [r for r in rows if r.get("step", -1) < self.step]
         path.write_text("".join(json.dumps(r) + "\n" for r in keep))
         return keep
+
+    def _trim_trace(self) -> None:
+        """On resume, drop trace lines of steps that will run again (each rank its own file)."""
+        path = self._trace_path()
+        if path.is_file():
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] < self.step))
 
     def _write_metrics(self, m: dict[str, float]) -> None:
         if not self.acc.is_main_process:
@@ -476,17 +572,16 @@ class Trainer:
 
             bar = tqdm(total=end, initial=self.step, desc="dapo train", dynamic_ncols=True)
         while self.step < end:
-            m = self.train_step()
+            m = self._reduce_metrics(self.train_step())
             self.totals["responses"] += m["sampling/generated_groups"] * c.algo.group_size
             self.totals["tokens"] += m["sampling/generated_tokens"]
             self.totals["optimizer_steps"] += m["actor/optimizer_steps"]
             self.totals["skipped_steps"] += m["actor/skipped_steps"]
-            if m["actor/skipped_steps"]:
+            if m["actor/skipped_steps"] and self.acc.is_main_process:
                 self.log(
                     f"step {self.step}: skipped {m['actor/skipped_steps']:.0f} optimizer step(s) with a "
                     "non-finite loss or gradient; weights left unchanged for them"
                 )
-            m = self._reduce_metrics(m)
             m["step"] = float(self.step)
             m.update({f"cost/{k}_total": v for k, v in self.totals.items()})
             self.step += 1
@@ -546,7 +641,7 @@ class Trainer:
             hf_save=hf_save,
             rank=self.rank,
             keep=self.cfg.output.keep_checkpoints,
-            barrier=barrier,
+            barrier=lambda: _labelled_barrier(f"the other ranks' checkpoint step_{self.step}"),
         )
 
     def _resume(self, resume: str) -> None:

@@ -1,12 +1,13 @@
 """Run one DAPO update of the scale trainer's path on a fixed batch, on 1 or N processes
 (launched with torchrun). Rank r takes groups [r*k, (r+1)*k); the single-process run is
 given the groups in the order N ranks interleave them into windows, so both must produce
-the same weights.
+the same weights and the same metrics (written per rank to OUT_FILE.rank<r>.json).
 
 Usage: dp_worker.py MODEL_DIR OUT_FILE [--order 0,2,1,3] [--sharding none|fsdp2]
 [--max-tokens N] (token-budget micro-batches, packed)"""
 
 import argparse
+import json
 
 import torch
 from accelerate import Accelerator
@@ -104,6 +105,8 @@ def main() -> None:
         sharded=args.sharding == "fsdp2" and world > 1,
     )
     assert m["actor/optimizer_steps"] == 2, m
+    with open(f"{args.out}.rank{rank}.json", "w") as f:  # every rank's metrics, as logged
+        json.dump(m, f)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     state = get_model_state_dict(

@@ -6,6 +6,7 @@ the ones only the command itself can judge (relations, file contents, config fie
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,7 @@ def test_plan_and_launch(capsys, tmp_path):
 def test_train_validate_only_config_fields(capsys, tmp_path, monkeypatch):
     need("yaml")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))  # data.cache_dir: ~/.cache/dapo/data
     for override, field in [
         ("rollout.gpu_memory_utilization=abc", "rollout.gpu_memory_utilization"),
         ("train.betas=abc", "train.betas"),
@@ -128,6 +130,8 @@ def test_train_validate_only_config_fields(capsys, tmp_path, monkeypatch):
         ("train.mixed_precision=true", "train.mixed_precision"),
         ("rollout.sync_timeout_s=.inf", "rollout.sync_timeout_s"),
         ("algo.group_size=abc", "algo.group_size"),
+        ("data.chat_template=no-such.jinja", "data.chat_template"),
+        ("data.cache_dir=''", "data.cache_dir"),
         ("nosection", "nosection"),
     ]:
         rc, out, err = run(capsys, ["train", "--config", "tiny-cpu", "--validate-only", override])
@@ -146,6 +150,29 @@ def test_train_validate_only_config_fields(capsys, tmp_path, monkeypatch):
     one_line(err, "--fresh")
     rc, out, err = run(capsys, ["train", "--config", "tiny-cpu", "--validate-only"])
     assert rc == 0 and "config and data are valid" in out  # the preset's tiny data is built first
+    # the unique problems of each set (the tiny data repeats some sums)
+    assert "data.train: 17 unique problems from 32 rows (runs/tiny-data/train.jsonl)" in out
+    assert "data.eval: 7 unique problems from 8 rows (runs/tiny-data/eval.jsonl)" in out
+    assert "no local tokenizer" in out  # the tiny model is not built by --validate-only
+
+
+def test_train_validate_only_checks_the_chat_template(capsys, tmp_path, monkeypatch):
+    need("yaml", "transformers")
+    import dapo_shaped
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    bare = dapo_shaped.model_dir(tmp_path / "bare", chat_template=None)
+    chat = dapo_shaped.model_dir(tmp_path / "chat")
+    base = ["train", "--config", "tiny-cpu", "--validate-only", "data.chat_template=true"]
+    rc, out, err = run(capsys, [*base, f"model.path={bare}"])
+    assert rc == 2
+    one_line(err, "data.chat_template", "no chat template", "false", "Jinja")
+    rc, out, err = run(capsys, [*base, f"model.path={chat}"])
+    assert rc == 0 and "data.train: 17 unique problems from 32 rows" in out, err
+    assert len(list((tmp_path / ".cache/dapo/data").glob("problems-*.json"))) == 2  # prepared for the run
+    rc, out, err = run(capsys, [*base, f"model.path={bare}", "data.chat_template=false"])
+    assert rc == 0, err
 
 
 def test_gate_write_malformed_summary(capsys, tmp_path):
@@ -178,11 +205,29 @@ def test_eval_checks_everything_before_loading(capsys, tmp_path):
         (["--model", str(tmp_path / "missing"), "--data", str(data), "--k", "-3"], ["--k"]),  # --k first
         (["--model", "Qwen/Qwen2.5-7B", "--data", str(tmp_path / "none.jsonl")], ["--data", "none.jsonl"]),
         (["--model", "Qwen/Qwen2.5-7B", "--data", str(data), "--top-p", "0"], ["--top-p"]),
+        (
+            ["--model", "Qwen/Qwen2.5-7B", "--data", str(data), "--chat-template", "none.jinja"],
+            ["--chat-template", "none.jinja", "true, false"],
+        ),
     ]
     for argv, words in cases:
         rc, out, err = run(capsys, ["eval", *argv])
         assert rc == 2 and out == "", (argv, rc, err)
         one_line(err, *words)
+
+
+def test_eval_tokenizer_without_chat_template(capsys, tmp_path, monkeypatch):
+    need("yaml", "transformers")
+    import dapo_shaped
+
+    for name in ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS", "VLLM_LOGGING_LEVEL"):
+        monkeypatch.setenv(name, os.environ.get(name, "error"))  # restored after the test
+    data = tmp_path / "eval.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
+    model = dapo_shaped.model_dir(tmp_path / "model", chat_template=None)
+    rc, out, err = run(capsys, ["eval", "--model", str(model), "--data", str(data)])
+    assert rc == 2 and out == "", err
+    one_line(err, "--chat-template", "no chat template", "false", "Jinja")
 
 
 def test_unexpected_error_is_one_line_and_a_log(capsys, tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dapo.batch import RolloutBatch
-from dapo.sampling import DynamicSampler, SamplingWarning
+from dapo.sampling import DynamicSampler, SamplingWarning, balance_groups, trim_round_major
 
 
 def _groups(pattern, g):
@@ -200,3 +200,42 @@ def test_for_config_uses_a_given_target():
     cfg = AlgoConfig(train_groups=8, mini_batch_groups=8, group_size=2)
     assert DynamicSampler.for_config(cfg).target_groups == 8
     assert DynamicSampler.for_config(cfg, target_groups=3).target_groups == 3
+
+
+# ---- dynamic sampling over many ranks: the pure decisions ------------------------------------
+
+counts_st = st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=5), min_size=1, max_size=6).filter(
+    lambda rows: len({len(r) for r in rows}) == 1
+)
+
+
+@given(counts_st, st.integers(0, 80))
+def test_trim_round_major_keeps_the_first_target_groups(counts, target):
+    kept = trim_round_major(counts, target)
+    flat = [k for row in kept for k in row]
+    assert all(0 <= k <= n for row_k, row_n in zip(kept, counts) for k, n in zip(row_k, row_n))
+    assert sum(flat) == min(target, sum(map(sum, counts)))
+    # round-major: nothing of a later slot is kept while an earlier slot lost a group
+    avail = [n for row in counts for n in row]
+    first_short = next((i for i, (k, n) in enumerate(zip(flat, avail)) if k < n), len(flat))
+    assert all(k == 0 for k in flat[first_short + 1 :])
+
+
+@given(st.lists(st.integers(0, 10_000), max_size=60), st.integers(1, 9))
+def test_balance_groups_partitions_with_equal_counts(tokens, parts):
+    out = balance_groups(tokens, parts)
+    assert len(out) == parts
+    assert sorted(i for p in out for i in p) == list(range(len(tokens)))
+    sizes = [len(p) for p in out]
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+    assert balance_groups(tokens, parts) == out  # deterministic
+    if len(tokens) >= parts and tokens:
+        loads = [sum(tokens[i] for i in p) for p in out]
+        # greedy bound: no part exceeds the mean by more than the largest group
+        assert max(loads) <= sum(tokens) / parts + max(tokens)
+
+
+def test_balance_groups_beats_contiguous_chunks_on_skewed_lengths():
+    tokens = [1000, 900, 800, 700, 10, 20, 30, 40]
+    loads = [sum(tokens[i] for i in p) for p in balance_groups(tokens, 2)]
+    assert max(loads) - min(loads) <= 20 and sum(loads) == 3500  # contiguous halves: 3400 vs 100

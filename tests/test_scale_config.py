@@ -21,6 +21,35 @@ def test_presets_load_and_the_paper_setup_is_encoded():
     assert tiny.model.dtype == "float32"
 
 
+def test_data_presets_chat_template_and_cache():
+    # the paper's numbers come from verl's DAPO recipe, which applies the tokenizer's chat template
+    c = load("qwen2.5-32b-dapo")
+    assert c.data.chat_template is True and c.data.cache_dir == "~/.cache/dapo/data"
+    for name in ("tiny-cpu", "tiny-cpu-fsdp"):  # the tiny word-level tokenizer has no template
+        assert load(name).data.chat_template is False
+
+
+def test_data_chat_template_path_and_cache_dir(tmp_path):
+    jinja = tmp_path / "chat.jinja"
+    jinja.write_text("{{ messages[0]['content'] }}")
+    c = load("tiny-cpu", [f"data.chat_template={jinja}", "data.cache_dir=null"])
+    assert c.data.chat_template == str(jinja) and c.data.cache_dir is None
+    assert load("tiny-cpu", ["data.chat_template=true"]).data.chat_template is True
+    for override, words in [
+        (f"data.chat_template={tmp_path / 'none.jinja'}", ["no such file", "none.jinja"]),
+        ("data.chat_template=1", ["true, false or the path"]),
+        ("data.chat_template=''", ["true, false or the path"]),
+        ("data.cache_dir=''", ["null"]),
+        ("data.cache_dir=[a]", ["string"]),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            load("tiny-cpu", [override])
+        assert err.value.field == override.split("=")[0], override
+        assert len(str(err.value).splitlines()) == 1 and all(w in str(err.value) for w in words), str(
+            err.value
+        )
+
+
 @pytest.mark.parametrize(
     "override,field",
     [

@@ -39,3 +39,48 @@ def test_majority_and_summary():
     assert s["eval/cons@4"] == pytest.approx(1 / 3)
     assert s["eval/avg@4_lo"] <= s["eval/avg@4"] <= s["eval/avg@4_hi"]
     assert not math.isnan(s["eval/pass@2"])
+
+
+@pytest.mark.parametrize("chat", ["true", "false"])
+def test_dapo_eval_deduplicates_aime_rows_and_uses_the_prepared_ids(chat, tmp_path, monkeypatch, capsys):
+    """AIME-2024 ships each of its 30 problems 32 times: ``dapo eval`` samples k per unique
+    problem (not 32k), says so, and generates from the prepared prompt ids."""
+    from scale_support import need
+
+    need("transformers", "pyarrow", "yaml")
+    import json
+    from types import SimpleNamespace
+
+    import dapo_shaped
+    from transformers import AutoTokenizer
+
+    from dapo import cli
+    from scale.data import prepare_problems
+
+    data = dapo_shaped.aime_2024(tmp_path / "aime-2024.parquet")
+    model = dapo_shaped.model_dir(tmp_path / "model")
+    seen = []
+
+    def generate(args, tok, prompts):
+        seen.append(prompts)
+        return [[SimpleNamespace(token_ids=[])] * args.k for _ in prompts]
+
+    monkeypatch.setattr("scale.cli._generate", generate)
+    monkeypatch.setattr("scale.cli.quiet_engines", lambda verbose: None)
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--model", str(model), "--data", str(data), "--k", "4", "--chat-template", chat]
+    assert cli.main([*argv, "--out", str(out)]) == 0
+    stdout, stderr = capsys.readouterr()
+    assert f"dapo eval: 30 unique problems from 960 rows ({data})" in stderr
+    assert "eval/avg@4" in stdout and "unique problems" not in stdout  # stdout: the results only
+    want = prepare_problems(
+        str(data), chat_template=chat == "true", tokenizer=AutoTokenizer.from_pretrained(model)
+    )
+    assert seen == [want.prompt_ids] and len(want.prompt_ids) == 30
+    assert want.problems[0].prompt.startswith("<|im_start|>user\n") == (chat == "true")
+    result = json.loads(out.read_text())
+    assert result["summary"]["eval/problems"] == 30 and len(result["predictions"]) == 30
+    assert [p["row"] for p in result["predictions"]] == [p.row for p in want.problems]
+    assert result["data"].startswith("30 unique problems from 960 rows")
+    assert cli.main([*argv, "--limit", "8"]) == 0  # the first 8 problems, not the first 8 rows
+    assert seen[-1] == want.prompt_ids[:8]

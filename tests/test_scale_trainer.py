@@ -34,6 +34,7 @@ def overrides(tiny, out, *extra):
         f"data.train={tiny['train']}",
         f"data.eval={tiny['eval']}",
         f"output.dir={out}",
+        f"data.cache_dir={tiny['root'] / 'data-cache'}",
         *extra,
     ]
 
@@ -69,6 +70,8 @@ def assert_same(a, b, tol=1e-6):
         x, y = a[k], b[k]
         if x is None or y is None:
             assert x is None and y is None, k
+        elif math.isnan(x) or math.isnan(y):
+            assert math.isnan(x) and math.isnan(y), (k, x, y)
         else:
             assert math.isclose(x, y, rel_tol=tol, abs_tol=tol), (k, x, y)
 
@@ -106,7 +109,9 @@ def test_hf_engine_three_steps_and_resume_equals_uninterrupted(tiny, tmp_path):
     assert [m["step"] for m in full] == [0, 1, 2]
     assert all(m["health/verdict"] in (0, 1, 2, 3) and "health/entropy_collapse" in m for m in full)
     assert sum(m["actor/optimizer_steps"] for m in full) > 0
-    assert full[-1]["eval/problems"] == 8 and "eval/pass@4" in full[-1]
+    # the tiny eval file repeats one of its 8 problems: evaluation runs on the unique ones
+    assert "data.eval: 7 unique problems from 8 rows" in r.stdout + r.stderr
+    assert full[-1]["eval/problems"] == 7 and "eval/pass@4" in full[-1]
     r = run_cli(base + overrides(tiny, b, "rollout.engine=hf") + ["--steps", "2"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert len(metrics(b)) == 2
@@ -166,9 +171,10 @@ def test_vllm_engine_three_steps_weights_stay_in_sync_and_resume(tiny, tmp_path)
 )
 def test_two_gloo_processes_equal_one(tiny, tmp_path, options):
     """The update on 2 ranks (DDP, or FSDP2 with rank 0 reading the weights and the others
-    receiving shards; optionally packed micro-batches by token budget, unequal in number per
-    rank before equalisation) gives the weights of 1 process on the whole batch: the exact
-    token-mean and the global grad-norm clip hold across shards."""
+        receiving shards; optionally packed micro-batches by token budget, unequal in number per
+        rank before equalisation) gives the weights of 1 process on the whole batch: the exact
+        token-mean and the global grad-norm clip hold across shards. Each rank logs the metrics one
+    process logs."""
     worker = str(Path(__file__).parent / "dp_worker.py")
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
     # 2 ranks x 2 groups, windows of 2 groups = one group per rank: global windows {0,2}, {1,3}
@@ -183,6 +189,14 @@ def test_two_gloo_processes_equal_one(tiny, tmp_path, options):
     assert moved > 1e-3  # the update did something
     for k in start:
         assert torch.allclose(a[k], b[k], atol=1e-6), (k, (a[k] - b[k]).abs().max())
+    # the metrics are global: each of the 2 ranks logs what 1 process logs on the whole batch
+    # (the loss is not 1/world of it, clip fractions and KL are token-weighted over ranks)
+    ref = json.loads(Path(f"{one}.rank0.json").read_text())
+    assert {"actor/loss", "actor/clipfrac_upper", "actor/approx_kl", "mismatch/logp_gap"} <= ref.keys()
+    assert ref["actor/loss_tokens"] > 0 and math.isfinite(ref["actor/loss"])
+    for rank in range(2):
+        got = json.loads(Path(f"{two}.rank{rank}.json").read_text())
+        assert_same(ref, got, tol=1e-5)
 
 
 def test_non_finite_loss_is_skipped_and_reported(tiny, tmp_path):

@@ -35,6 +35,15 @@ from torch import Tensor
 from .base import EngineError, Generation, check_generations
 
 
+def cpu_shm_ident() -> str:
+    """The run's name for vLLM-CPU's tensor-parallel shared memory (``/dev/shm/<ident>-tp...``).
+    vLLM's default is empty, so two runs on one host, or a run resumed after a SIGKILL left
+    its segments behind, collide ("create shm in SHMManager failed. errno: 17"). The ranks of
+    a job agree on its rendezvous address, which no other live job on the host shares."""
+    addr = os.environ.get("MASTER_ADDR", "localhost").replace("/", "_")
+    return f"dapo-{addr}:{os.environ.get('MASTER_PORT', '0')}"
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -71,6 +80,8 @@ class VLLMEngine:
             kwargs["load_format"] = "dummy"
         if distributed:  # the trainer's ranks: one engine each, on the existing process group
             kwargs["distributed_executor_backend"] = "external_launcher"
+            if not self.on_gpu and not os.environ.get("VLLM_DIST_IDENT"):
+                os.environ["VLLM_DIST_IDENT"] = cpu_shm_ident()
         if self.on_gpu:
             kwargs["enable_sleep_mode"] = sleep_during_training
         else:
