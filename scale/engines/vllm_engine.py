@@ -36,12 +36,35 @@ from .base import EngineError, Generation, check_generations
 
 
 def cpu_shm_ident() -> str:
-    """The run's name for vLLM-CPU's tensor-parallel shared memory (``/dev/shm/<ident>-tp...``).
-    vLLM's default is empty, so two runs on one host, or a run resumed after a SIGKILL left
-    its segments behind, collide ("create shm in SHMManager failed. errno: 17"). The ranks of
-    a job agree on its rendezvous address, which no other live job on the host shares."""
+    """This run's prefix for vLLM-CPU's tensor-parallel shared memory. The ranks of a job agree
+    on its rendezvous address, which no other live job on the host shares."""
     addr = os.environ.get("MASTER_ADDR", "localhost").replace("/", "_")
-    return f"dapo-{addr}:{os.environ.get('MASTER_PORT', '0')}"
+    return f"dapo-{addr}_{os.environ.get('MASTER_PORT', '0')}"
+
+
+def _name_cpu_shm(ident: str) -> None:
+    """Prefix the names of vLLM-CPU's tensor-parallel shared-memory segments with ``ident``.
+
+    vLLM names them ``<VLLM_DIST_IDENT>-tp:0-[<ranks>]-cpushm``, and its CPU worker sets
+    ``VLLM_DIST_IDENT`` from the init method's port, which under ``external_launcher`` is
+    always the same (``env://``). Two runs on one host then share names, and so does a run
+    resumed after a SIGKILL left its segments in ``/dev/shm``: the new engine fails with
+    "create shm in SHMManager failed. errno: 17". vLLM offers no setting for the name, so this
+    wraps its naming function (vLLM-CPU 0.32; a vLLM without it is left as it is)."""
+    try:
+        from vllm.distributed.device_communicators import cpu_communicator
+    except ImportError:
+        return
+    shm = getattr(cpu_communicator, "_CPUSHMDistributed", None)
+    original = getattr(shm, "make_group_name", None)
+    if shm is None or original is None or getattr(original, "dapo_ident", None) is not None:
+        return
+
+    def make_group_name(communicator):  # type: ignore[no-untyped-def]
+        return f"{ident}{original(communicator).replace('/', '')}"
+
+    make_group_name.dapo_ident = ident  # type: ignore[attr-defined]
+    shm.make_group_name = staticmethod(make_group_name)
 
 
 class VLLMEngine:
@@ -80,8 +103,8 @@ class VLLMEngine:
             kwargs["load_format"] = "dummy"
         if distributed:  # the trainer's ranks: one engine each, on the existing process group
             kwargs["distributed_executor_backend"] = "external_launcher"
-            if not self.on_gpu and not os.environ.get("VLLM_DIST_IDENT"):
-                os.environ["VLLM_DIST_IDENT"] = cpu_shm_ident()
+            if not self.on_gpu:
+                _name_cpu_shm(cpu_shm_ident())
         if self.on_gpu:
             kwargs["enable_sleep_mode"] = sleep_during_training
         else:
