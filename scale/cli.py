@@ -96,6 +96,7 @@ def train_main(argv: list[str] | None = None) -> int:
         (Path(cfg.output.dir) / "gate.json").write_text(json.dumps(gate, indent=2, default=str))
         _ensure_tiny(cfg)
     from .engines import EngineError
+    from .rollout import RolloutDivergence
     from .topology import CollectiveTimeout, preload_collective_modules, shutdown
     from .trainer import Trainer
 
@@ -113,7 +114,7 @@ def train_main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 4
-    except CollectiveTimeout as err:
+    except (CollectiveTimeout, RolloutDivergence) as err:
         print(
             f"dapo train: rank {os.environ.get('RANK', '0')}: {err}; resume with --resume auto (the last "
             f"checkpoint under {cfg.output.dir}/checkpoints)",

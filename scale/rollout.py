@@ -41,6 +41,10 @@ from dapo.sampling import SamplingWarning, balance_groups, trim_round_major, uni
 from .topology import Comm, Ranks
 
 
+class RolloutDivergence(RuntimeError):
+    """The members of a rollout group asked their engine for, or got, different generations."""
+
+
 def round_digest(
     prompts: Sequence[Sequence[int]], seed: int, outputs: Sequence[Sequence[Sequence[int]]]
 ) -> str:
@@ -173,7 +177,7 @@ class GlobalDynamicSampler:
             group = reports[d * tp : (d + 1) * tp]
             if len({r.digest for r in group}) > 1:
                 who = ", ".join(f"rank {r.rank}: {r.digest}" for r in group)
-                raise RuntimeError(
+                raise RolloutDivergence(
                     f"rollout group {d} diverged in round {self.rounds} of step {self.step}: its "
                     f"tensor-parallel ranks asked for or got different generations ({who}); they must "
                     "share prompts and seeds"

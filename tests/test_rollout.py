@@ -20,7 +20,7 @@ from multiproc import MultiprocessError, run_function
 
 from dapo import AlgoConfig, RolloutBatch
 from dapo.sampling import SamplingWarning
-from scale.rollout import GlobalDynamicSampler, round_digest
+from scale.rollout import GlobalDynamicSampler, RolloutDivergence, round_digest
 from scale.topology import CollectiveTimeout, Comm, Ranks, start_wait_reports, waiting_for
 
 G = 4
@@ -109,7 +109,7 @@ def sampling_ranks(rank, world, tp, out):
     try:
         run_step(ranks, comm, algo, step=2, acceptance=0.4, diverge_rank=world - 1)
         record["diverged"] = None
-    except RuntimeError as err:
+    except RolloutDivergence as err:
         record["diverged"] = str(err)
     Path(f"{out}.{rank}").write_text(json.dumps(record))
 
