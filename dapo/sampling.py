@@ -59,6 +59,52 @@ def uniform_groups(
     return (n_counted > 0) & (n_correct == n_counted), n_correct == 0
 
 
+def informative_groups(
+    batch: RolloutBatch, group_size: int, enabled: bool = True, exclude_truncated: bool = False
+) -> tuple[Tensor, int, int]:
+    """``(keep, rejected_all_correct, rejected_all_wrong)`` for one round of whole groups:
+    ``keep`` [groups] bool marks the groups dynamic sampling accepts (``0 < #correct < G``,
+    judged on ``correct``, see :func:`uniform_groups`; every group when not ``enabled``, and then
+    nothing counts as rejected)."""
+    all_correct, all_wrong = uniform_groups(
+        batch.correct, group_size, batch.truncated if exclude_truncated else None
+    )
+    if not enabled:
+        return torch.ones_like(all_correct), 0, 0
+    return ~(all_correct | all_wrong), int(all_correct.sum()), int(all_wrong.sum())
+
+
+def group_rows(keep: Tensor, group_size: int) -> Tensor:
+    """Row indices of the groups ``keep`` marks (group-major rows)."""
+    return (keep.nonzero().view(-1, 1) * group_size + torch.arange(group_size, device=keep.device)).view(-1)
+
+
+def sampling_metrics(
+    *,
+    rounds: int,
+    generated_groups: int,
+    generated_tokens: int,
+    accepted: int,
+    target: int,
+    rejected_all_correct: int,
+    rejected_all_wrong: int,
+) -> dict[str, float]:
+    """The ``sampling/*`` cost accounting of one step (``accepted``: informative groups found,
+    of which at most ``target`` are kept)."""
+    kept = min(accepted, target)
+    return {
+        "sampling/rounds": float(rounds),
+        "sampling/generated_groups": float(generated_groups),
+        "sampling/generated_tokens": float(generated_tokens),
+        "sampling/accepted_groups": float(kept),
+        "sampling/rejected_all_correct": float(rejected_all_correct),
+        "sampling/rejected_all_wrong": float(rejected_all_wrong),
+        "sampling/surplus_groups": float(accepted - kept),
+        "sampling/underfilled": float(accepted < target),
+        "sampling/tokens_per_accepted_group": generated_tokens / kept if kept else float("nan"),
+    }
+
+
 class DynamicSampler:
     """Collects finished groups until ``target_groups`` informative ones are held.
 
@@ -133,17 +179,13 @@ class DynamicSampler:
         self.generated_tokens += int(batch.lengths.sum())
         for name in ("correct", "lengths", "truncated", "rewards"):
             getattr(self._seen, name).append(getattr(batch, name).detach().cpu())
-        all_correct, all_wrong = uniform_groups(
-            batch.correct, self.group_size, batch.truncated if self.exclude_truncated else None
+        keep, n_all_correct, n_all_wrong = informative_groups(
+            batch, self.group_size, self.enabled, self.exclude_truncated
         )
-        if self.enabled:
-            self.rejected_all_correct += int(all_correct.sum())
-            self.rejected_all_wrong += int(all_wrong.sum())
-            keep = ~(all_correct | all_wrong)
-        else:
-            keep = torch.ones(n_groups, dtype=torch.bool)
+        self.rejected_all_correct += n_all_correct
+        self.rejected_all_wrong += n_all_wrong
         if bool(keep.any()):
-            rows = (keep.nonzero().view(-1, 1) * self.group_size + torch.arange(self.group_size)).view(-1)
+            rows = group_rows(keep, self.group_size)
             self._kept.append(batch.select(rows.to(batch.old_logp.device), group_size=self.group_size))
 
     def take(self) -> RolloutBatch | None:
@@ -171,7 +213,6 @@ class DynamicSampler:
         """Cost accounting and the rollout metrics over *everything* generated this step."""
         from .metrics import rollout_metrics  # local: metrics imports nothing of ours back
 
-        accepted = min(self.accepted_groups, self.target_groups)
         out = rollout_metrics(
             correct=torch.cat(self._seen.correct) if self._seen.correct else torch.zeros(0, dtype=torch.bool),
             lengths=torch.cat(self._seen.lengths) if self._seen.lengths else torch.zeros(0),
@@ -182,19 +223,15 @@ class DynamicSampler:
             group_size=self.group_size,
         )
         out.update(
-            {
-                "sampling/rounds": float(self.rounds),
-                "sampling/generated_groups": float(self.generated_groups),
-                "sampling/generated_tokens": float(self.generated_tokens),
-                "sampling/accepted_groups": float(accepted),
-                "sampling/rejected_all_correct": float(self.rejected_all_correct),
-                "sampling/rejected_all_wrong": float(self.rejected_all_wrong),
-                "sampling/surplus_groups": float(self.accepted_groups - accepted),
-                "sampling/underfilled": float(self.accepted_groups < self.target_groups),
-                "sampling/tokens_per_accepted_group": (
-                    self.generated_tokens / accepted if accepted else float("nan")
-                ),
-            }
+            sampling_metrics(
+                rounds=self.rounds,
+                generated_groups=self.generated_groups,
+                generated_tokens=self.generated_tokens,
+                accepted=self.accepted_groups,
+                target=self.target_groups,
+                rejected_all_correct=self.rejected_all_correct,
+                rejected_all_wrong=self.rejected_all_wrong,
+            )
         )
         return out
 

@@ -278,30 +278,27 @@ class _Sums:
         rank's share is its local sum over the global denominator), the token means
         (``means``: name -> (sum, count)) and the ``totals``. Steps are taken or skipped by all
         ranks together, so every rank holds as many losses."""
-        keys = list(means)
-        local = [self.tokens, *self.weighted.values(), self.n_upclip, self.upclip_prob, self.ent_tokens]
-        local += [self.ent_sum, *(x for k in keys for x in means[k]), *totals.values(), *self.losses]
-        summed = dp.sum(torch.tensor(local, dtype=torch.float64)).tolist()
-        tokens, summed = summed[0], summed[1:]
-        weighted, summed = summed[: len(_TOKEN_STATS)], summed[len(_TOKEN_STATS) :]
-        n_upclip, upclip_prob, ent_tokens, ent_sum, summed = *summed[:4], summed[4:]
+        local = {"tokens": self.tokens, **self.weighted, "n_upclip": self.n_upclip}
+        local.update(
+            {"upclip_prob": self.upclip_prob, "ent_tokens": self.ent_tokens, "ent_sum": self.ent_sum}
+        )
+        for k, (total, count) in means.items():
+            local[f"{k}/sum"], local[f"{k}/count"] = total, count
+        local.update(totals)
+        summed = dp.sum(torch.tensor([*local.values(), *self.losses], dtype=torch.float64)).tolist()
+        g, losses = dict(zip(local, summed)), summed[len(local) :]
         nan = math.nan
-        res = {f"actor/{k}": v / tokens if tokens else nan for k, v in zip(_TOKEN_STATS, weighted)}
-        res["actor/upclip_old_prob"] = upclip_prob / n_upclip if n_upclip else nan
-        res["actor/entropy"] = ent_sum / ent_tokens if ent_tokens else nan
-        token_means = {
-            k: summed[2 * i] / summed[2 * i + 1] if summed[2 * i + 1] else nan for i, k in enumerate(keys)
-        }
-        summed = summed[2 * len(keys) :]
-        losses = summed[len(totals) :]
+        res = {f"actor/{k}": g[k] / g["tokens"] if g["tokens"] else nan for k in _TOKEN_STATS}
+        res["actor/upclip_old_prob"] = g["upclip_prob"] / g["n_upclip"] if g["n_upclip"] else nan
+        res["actor/entropy"] = g["ent_sum"] / g["ent_tokens"] if g["ent_tokens"] else nan
         res["actor/loss"] = sum(losses) / len(losses) if losses else nan
         res["actor/grad_norm"] = sum(self.norms) / len(self.norms) if self.norms else nan
         res["actor/grad_norm_max"] = max(self.norms) if self.norms else nan
         res["actor/optimizer_steps"] = float(self.steps)
         res["actor/skipped_steps"] = float(self.skipped)
         res["actor/empty_windows"] = float(self.empty_windows)
-        res.update(token_means)
-        res.update(zip(totals, summed[: len(totals)]))
+        res.update({k: g[f"{k}/sum"] / g[f"{k}/count"] if g[f"{k}/count"] else nan for k in means})
+        res.update({k: g[k] for k in totals})
         return res
 
 

@@ -175,12 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dapo launch: rollout.tensor_parallel={tp} must divide the GPUs per node", file=sys.stderr)
         return 2
     # training shards over every GPU; generation over rollout groups of tp GPUs (scale/rollout.py)
-    for name, total, over in (
-        ("algo.train_groups", cfg.algo.train_groups, f"{world} GPUs"),
-        ("rollout.gen_groups", cfg.gen_groups, f"{world // tp} rollout groups of {tp} GPUs"),
+    for name, total, parts, what in (
+        ("algo.train_groups", cfg.algo.train_groups, world, "GPUs"),
+        ("rollout.gen_groups", cfg.gen_groups, world // tp, f"rollout groups of {tp} GPUs"),
     ):
-        if total % int(over.split()[0]):
-            print(f"dapo launch: {name}={total} is not divisible by {over}", file=sys.stderr)
+        if total % parts:
+            print(f"dapo launch: {name}={total} is not divisible by {parts} {what}", file=sys.stderr)
             return 2
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in ENV.items())
     try:  # an override the shell cannot carry with its $VARs intact is refused by name

@@ -31,13 +31,22 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from dapo import RolloutBatch
 from dapo.config import AlgoConfig
 from dapo.metrics import rollout_metrics
-from dapo.sampling import SamplingWarning, balance_groups, trim_round_major, uniform_groups
+from dapo.sampling import (
+    SamplingWarning,
+    balance_groups,
+    group_rows,
+    informative_groups,
+    sampling_metrics,
+    trim_round_major,
+)
 
+from .policy import row_tokens
 from .topology import Comm, Ranks
 
 
@@ -50,8 +59,10 @@ def round_digest(
 ) -> str:
     """What a rollout group asked its engine for (prompt token ids, seed) and what came back (token
     ids of every response): equal on every member of a group, or the group diverged."""
-    h = hashlib.sha256(repr((seed, [list(p) for p in prompts])).encode())
-    h.update(repr([[list(o) for o in row] for row in outputs]).encode())
+    h = hashlib.sha256(str(seed).encode())
+    for ids in (*prompts, *(o for row in outputs for o in row)):
+        h.update(len(ids).to_bytes(8, "little"))
+        h.update(np.asarray(ids, dtype=np.int64).tobytes())
     return h.hexdigest()[:16]
 
 
@@ -60,7 +71,6 @@ class _Report:
     """One rank's account of one round (pickled to every rank)."""
 
     rank: int
-    dp_rank: int
     digest: str
     group_tokens: list[int]
     """Prompt + response tokens of each accepted group, in order."""
@@ -79,14 +89,6 @@ class _Candidate:
     index: int
     """Position among the groups rollout group ``dp_rank`` accepted in ``round``."""
     tokens: int
-
-
-def _group_tokens(batch: RolloutBatch) -> list[int]:
-    g = batch.group_size or 1
-    per = batch.lengths.long()
-    if "prompt_len" in batch.extras:
-        per = per + batch.extras["prompt_len"].long()
-    return [int(x) for x in per.view(-1, g).sum(1)]
 
 
 def _to_bytes(batch: RolloutBatch) -> bytes:
@@ -141,28 +143,21 @@ class GlobalDynamicSampler:
         if batch.group_size != g:
             raise ValueError(f"batch group_size {batch.group_size} != algo.group_size {g}")
         excl = self.algo.overlong_filter and self.algo.filtered_group_stats == "excluded"
-        all_correct, all_wrong = uniform_groups(batch.correct, g, batch.truncated if excl else None)
-        if self.algo.dynamic_sampling:
-            keep = ~(all_correct | all_wrong)
-        else:
-            keep = torch.ones(batch.num_groups, dtype=torch.bool)
-            all_correct = all_wrong = torch.zeros_like(keep)
+        keep, n_all_correct, n_all_wrong = informative_groups(batch, g, self.algo.dynamic_sampling, excl)
         kept = None
         if bool(keep.any()):
-            rows = (keep.nonzero().view(-1, 1) * g + torch.arange(g)).view(-1)
-            kept = batch.select(rows.to(batch.old_logp.device), group_size=g).to("cpu")
+            kept = batch.select(group_rows(keep, g).to(batch.old_logp.device), group_size=g).to("cpu")
         self._mine.append(kept)
         report = _Report(
             rank=self.ranks.rank,
-            dp_rank=self.ranks.dp_rank,
             digest=digest,
-            group_tokens=_group_tokens(kept) if kept is not None else [],
+            group_tokens=row_tokens(kept).view(-1, g).sum(1).tolist() if kept is not None else [],
             correct=batch.correct.bool().tolist(),
             lengths=batch.lengths.long().tolist(),
             truncated=batch.truncated.bool().tolist(),
             rewards=batch.rewards.double().tolist(),
-            rejected_all_correct=int(all_correct.sum()),
-            rejected_all_wrong=int(all_wrong.sum()),
+            rejected_all_correct=n_all_correct,
+            rejected_all_wrong=n_all_wrong,
         )
         everyone = self.comm.all_gather(
             report, f"the other rollout groups' round {self.rounds} of step {self.step} (dynamic sampling)"
@@ -258,24 +253,19 @@ class GlobalDynamicSampler:
             group_size=g,
         )
         generated = sum(len(r.correct) for r in reports) // g
-        tokens = sum(sum(r.lengths) for r in reports)
-        accepted = self.accepted
-        kept = min(accepted, self.target)
+        out.update(
+            sampling_metrics(
+                rounds=self.rounds,
+                generated_groups=generated,
+                generated_tokens=sum(sum(r.lengths) for r in reports),
+                accepted=self.accepted,
+                target=self.target,
+                rejected_all_correct=sum(r.rejected_all_correct for r in reports),
+                rejected_all_wrong=sum(r.rejected_all_wrong for r in reports),
+            )
+        )
         loads = self._parts_tokens
         mean_load = sum(loads) / len(loads) if loads else 0.0
-        out.update(
-            {
-                "sampling/rounds": float(self.rounds),
-                "sampling/generated_groups": float(generated),
-                "sampling/generated_tokens": float(tokens),
-                "sampling/accepted_groups": float(kept),
-                "sampling/accept_rate": accepted / generated if generated else math.nan,
-                "sampling/rejected_all_correct": float(sum(r.rejected_all_correct for r in reports)),
-                "sampling/rejected_all_wrong": float(sum(r.rejected_all_wrong for r in reports)),
-                "sampling/surplus_groups": float(accepted - kept),
-                "sampling/underfilled": float(accepted < self.target),
-                "sampling/tokens_per_accepted_group": tokens / kept if kept else math.nan,
-                "sampling/rank_token_imbalance": max(loads) / mean_load if mean_load else math.nan,
-            }
-        )
+        out["sampling/accept_rate"] = self.accepted / generated if generated else math.nan
+        out["sampling/rank_token_imbalance"] = max(loads) / mean_load if mean_load else math.nan
         return out

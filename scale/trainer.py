@@ -51,6 +51,17 @@ from .sync import SyncStats, sync
 from .topology import Comm, Ranks, all_max, barrier, make_accelerator, start_wait_reports, waiting_for
 
 
+def _trim_jsonl(path: Path, step: int) -> list[dict[str, Any]]:
+    """Drop the lines of ``path`` (JSONL, one object per line with ``step``) of steps >= ``step``:
+    on resume, the steps that will run again. The lines kept ([] without the file)."""
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    keep = [r for r in rows if r.get("step", -1) < step]
+    path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    return keep
+
+
 def _labelled_barrier(what: str) -> None:
     with waiting_for(what):
         barrier()
@@ -169,14 +180,14 @@ class Trainer:
         self.eos_id, self.pad_id = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
 
         # data first: refuse to start (before allocating a model) if any record is malformed
-        train = self._problem_set(cfg.data.train, cfg.data.train_split)
+        train = self._problem_set("data.train", cfg.data.train, cfg.data.train_split)
         self.problems = train.problems
         self._prompt_ids: dict[str, list[int]] = dict(
             zip((p.prompt for p in train.problems), train.prompt_ids or [])
         )
         self.eval_problems = None
         if cfg.data.eval:
-            evals = self._problem_set(cfg.data.eval, cfg.data.eval_split).head(cfg.eval.limit)
+            evals = self._problem_set("data.eval", cfg.data.eval, cfg.data.eval_split).head(cfg.eval.limit)
             self.eval_problems = evals.problems
             self._prompt_ids.update(zip((p.prompt for p in evals.problems), evals.prompt_ids or []))
         # one prompt stream, identical on every rank: each round every rollout group takes its
@@ -216,7 +227,7 @@ class Trainer:
                 self.acc.init_trackers("dapo", config=json.loads(json.dumps(cfg.to_dict(), default=str)))
         self.health = HealthMonitor(cfg.diagnose.every_steps, knobs=from_config(cfg.to_dict()))
         self.health.extend(self._trim_metrics_log())
-        self._trim_trace()
+        _trim_jsonl(self._trace_path(), self.step)  # each rank its own trace
 
     # ---- setup helpers ----------------------------------------------------------------
     def _unwrapped(self) -> Policy:
@@ -269,7 +280,7 @@ class Trainer:
         """A prompt's token ids, as :func:`scale.data.prepare_problems` encoded them."""
         return self._prompt_ids[prompt]
 
-    def _problem_set(self, spec: str, split: str) -> ProblemSet:
+    def _problem_set(self, field: str, spec: str, split: str) -> ProblemSet:
         """The unique problems of ``spec``, prepared once per node: local rank 0 reads, validates,
         templates and tokenises (and fills ``data.cache_dir``); the node's other ranks then read
         the cache. Without a cache every rank prepares the set itself."""
@@ -306,7 +317,7 @@ class Trainer:
         if ps is None:
             ps = prepare()
         if self.acc.is_main_process:
-            self.log(f"{'data.train' if spec == d.train else 'data.eval'}: {ps.summary()}")
+            self.log(f"{field}: {ps.summary()}")
         return ps
 
     # ---- rollouts ---------------------------------------------------------------------
@@ -534,20 +545,7 @@ class Trainer:
     def _trim_metrics_log(self) -> list[dict[str, float]]:
         """On resume, drop lines of steps that will run again (nothing duplicated or lost);
         the rows kept."""
-        path = self._metrics_path()
-        if not self.acc.is_main_process or not path.is_file():
-            return []
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        keep = [r for r in rows if r.get("step", -1) < self.step]
-        path.write_text("".join(json.dumps(r) + "\n" for r in keep))
-        return keep
-
-    def _trim_trace(self) -> None:
-        """On resume, drop trace lines of steps that will run again (each rank its own file)."""
-        path = self._trace_path()
-        if path.is_file():
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            path.write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] < self.step))
+        return _trim_jsonl(self._metrics_path(), self.step) if self.acc.is_main_process else []
 
     def _write_metrics(self, m: dict[str, float]) -> None:
         if not self.acc.is_main_process:
