@@ -190,14 +190,14 @@ BUGS = [
     Bug(
         "dynamic sampling keeps all-wrong groups",
         "dapo/sampling.py",
-        "keep = ~(all_correct | all_wrong)",
-        "keep = ~all_correct",
+        "return ~(all_correct | all_wrong), int(",
+        "return ~all_correct, int(",
     ),
     Bug(
         "dynamic sampling filters on the shaped reward's std",
         "dapo/sampling.py",
-        "batch.correct, self.group_size, batch.truncated if self.exclude_truncated else None",
-        "batch.rewards > 0, self.group_size, batch.truncated if self.exclude_truncated else None",
+        "batch.correct, group_size, batch.truncated if exclude_truncated else None",
+        "batch.rewards > 0, group_size, batch.truncated if exclude_truncated else None",
     ),
     Bug(
         "surplus groups not dropped",
