@@ -1,14 +1,28 @@
-"""`dapo toy check`: deliberately broken losses are caught by name, DAPO's own loss passes,
-and the command's output, JSON and exit status are what a CI job relies on."""
+"""`dapo toy check`: every loss of the broken corpus (tests/broken_losses.py) fails or is
+refused with its reason, every correct one passes, DAPO's own loss passes, and the
+command's output, JSON and exit status are what a CI job relies on."""
 
 from __future__ import annotations
 
 import json
+import math
 
+import broken_losses
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dapo.cli import main as dapo_main
-from toybench.check import MODES, assert_protects, check
+from toybench.check import (
+    DOES_NOT_LEARN,
+    MAX_SKIPPED_SHARE,
+    MODES,
+    _protection,
+    _vs_fix,
+    assert_protects,
+    check,
+)
+from toybench.stats import Interval
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +32,7 @@ def test_hard_coded_symmetric_clip_is_caught_by_name():
     assert r.ignored == ["eps_high"]
     assert r.modes["entropy_collapse"].protection != "protects"
     assert not r.passed
-    assert any("ignores eps_high=0.28" in f for f in r.failures)
+    assert any("ignores eps_high (eps_high=0.1 and eps_high=1.0 give the same" in f for f in r.failures)
     assert any("entropy_collapse" in f for f in r.failures)
 
 
@@ -26,7 +40,9 @@ def test_per_sequence_aggregation_is_caught_by_name():
     (r,) = check(["broken_losses:per_sequence"], seeds=5, modes=["length_bias"], jobs=1)
     assert r.ignored == ["loss_agg"]
     assert r.modes["length_bias"].protection != "protects"
-    assert any("ignores loss_agg='token-mean'" in f for f in r.failures)
+    assert any(
+        "ignores loss_agg (loss_agg='token-mean' and loss_agg='seq-mean-token-mean'" in f for f in r.failures
+    )
     assert any("length_bias" in f for f in r.failures)
 
 
@@ -84,6 +100,13 @@ def test_cli_table_json_and_exit_status(tmp_path, capsys):
         (["toy", "check", "clip_cov[ratio=1]"], "unknown parameter 'ratio'"),
         (["toy", "check", "broken_losses:raises"], "raised on the toy batch: RuntimeError: shape"),
         (["toy", "check", "broken_losses:not_scalar"], "must return a scalar tensor"),
+        (["toy", "check", "broken_losses:detached_output"], "no gradient with respect to logp"),
+        (["toy", "check", "dapo", "--knobs", "temperature"], "--knobs 'temperature'"),
+        # raises only on the experiments' 128-response batches, inside a worker process
+        (
+            ["toy", "check", "broken_losses:fixed_buffer", "--jobs", "2", "--quiet"],
+            "loss 'broken_losses:fixed_buffer' raised on the toy batch: RuntimeError: The expanded size",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, words, capsys):
@@ -103,3 +126,97 @@ def test_every_mode_names_arms_and_summaries_that_exist():
         assert {primary.a, primary.b} == {m.unprotected, m.fix}
         direction = primary.expect if primary.b == m.fix else {"+": "-", "-": "+"}[primary.expect]
         assert direction == m.better
+
+
+# ---- the broken corpus ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    """Every loss of the corpus through the check at once (shared arms), on the two failure
+    modes a DAPO-like loss claims."""
+    names = (*broken_losses.BROKEN, *broken_losses.CORRECT)
+    results = check(
+        [f"broken_losses:{n}" for n in names], seeds=4, modes=["entropy_collapse", "length_bias"], jobs=2
+    )
+    return dict(zip(names, results))
+
+
+@pytest.mark.parametrize("name", list(broken_losses.BROKEN))
+def test_every_broken_loss_fails_with_its_reason(corpus, name):
+    r = corpus[name]
+    assert not r.passed
+    assert any(f.startswith(broken_losses.BROKEN[name]) for f in r.failures), r.failures
+    assert all("\n" not in f for f in r.failures)
+
+
+@pytest.mark.parametrize("name", broken_losses.CORRECT)
+def test_every_correct_loss_passes(corpus, name):
+    r = corpus[name]
+    assert r.passed, r.failures
+    assert all(m.protection == "protects" and m.learning.learns for m in r.modes.values())
+
+
+@pytest.mark.parametrize("name", list(broken_losses.REFUSED))
+def test_every_unrunnable_loss_is_refused_in_one_line(name, capsys):
+    """Exit 2 with the loss's name and its error, never an internal error (exit 70), under
+    the default --jobs."""
+    assert dapo_main(["toy", "check", f"broken_losses:{name}", "--seeds", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"broken_losses:{name}" in err and broken_losses.REFUSED[name] in err
+    assert "\n" not in err and "internal error" not in err
+
+
+def test_the_learning_gate_on_all_four_tasks():
+    """A loss that un-learns (sign flip) gets `does not learn` on every task and no share of
+    the fix (it used to be rated better than DAPO's fix on entropy and length); a loss that
+    is NaN on empty rows is caught by its skipped steps; DAPO's loss learns everywhere."""
+    dapo, flip, nan_rows = check(
+        ["dapo", "broken_losses:sign_flip", "broken_losses:nan_on_empty_rows"], seeds=3, jobs=2
+    )
+    assert dapo.learns and dapo.passed, dapo.failures
+    for mode in MODES:
+        m = flip.modes[mode]
+        assert m.protection == DOES_NOT_LEARN and not m.learning.learns and math.isnan(m.recovered)
+        assert m.learning.gain["discovery"].high < 0  # it un-learns
+        assert any(f.startswith(f"does not learn on {mode}'s task") for f in flip.failures)
+    skipping = [m for m in nan_rows.modes.values() if m.learning.skipped_share > MAX_SKIPPED_SHARE]
+    assert skipping and any(f.startswith("skips ") for f in nan_rows.failures)
+    assert dapo.modes["zero_gradient"].learning.skipped == 0
+
+
+def test_assert_protects_fails_a_loss_that_does_not_learn():
+    with pytest.raises(
+        AssertionError, match=r"contract \(gradient_sign\).*does not learn on entropy_collapse"
+    ):
+        assert_protects("broken_losses:sign_flip", "entropy_collapse", seeds=3)
+
+
+def test_declared_knobs_pass_a_loss_without_dual_clip(capsys):
+    """A correct decoupled-clip loss without dual clip fails only until it says so; the
+    probe line names the values probed, not the run's (None)."""
+    args = ["toy", "check", "--modes", "entropy_collapse", "--seeds", "3", "--jobs", "1", "--quiet"]
+    assert dapo_main([*args, "broken_losses:decoupled_clip_undeclared"]) == 1
+    out = capsys.readouterr().out
+    assert "ignores clip_ratio_c (clip_ratio_c=None and clip_ratio_c=1.5 give the same value" in out
+    assert dapo_main([*args, "broken_losses:decoupled_clip_undeclared", "--knobs", "eps_low,eps_high"]) == 0
+    assert dapo_main([*args, "broken_losses:decoupled_clip_no_dual"]) == 0  # declared by dapo_knobs
+
+
+@given(a=st.floats(-1e-10, 1e-10), b=st.floats(-1e-10, 1e-10), scale=st.floats(1e-3, 1e3))
+def test_effects_below_numerical_noise_are_no_effect(a, b, scale):
+    """Zero-width intervals at 1e-17 (two algebraically equal losses) are no effect, and an
+    equal-within-noise gap is as fix, however the interval lies."""
+    lo, hi = min(a, b) * scale, max(a, b) * scale
+    iv = Interval((lo + hi) / 2, lo, hi, 10)
+    tol = 1e-9 * scale
+    assert _protection(iv, "+", tol) == "no effect"
+    assert _vs_fix(iv, Interval(1.0, 0.5, 1.5, 10), "+", tol) == "as fix"
+
+
+@given(low=st.floats(1e-6, 1e3), width=st.floats(0, 1e3), better=st.sampled_from("+-"))
+def test_effects_beyond_noise_keep_their_direction(low, width, better):
+    iv = Interval(low + width / 2, low, low + width, 10)
+    assert _protection(iv, better, 1e-9) == ("protects" if better == "+" else "harms")
+    neg = Interval(-iv.mean, -iv.high, -iv.low, 10)
+    assert _protection(neg, better, 1e-9) == ("harms" if better == "+" else "protects")

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo.loss import policy_loss
+from dapo.loss import policy_loss, window_denominator
 from dapo.losses import cispo_loss, clip_cov_loss, gspo_loss, kl_cov_loss, per_run
-from toybench.losses import LossSpecError, parse_spec, probe_knobs, resolve
+from toybench.losses import CONTRACT, LossSpecError, parse_spec, probe_contract, probe_knobs, resolve
 
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -298,6 +298,94 @@ def test_knob_probe_sees_every_knob_of_dapo_and_names_the_ones_a_loss_ignores():
     assert per_seq["loss_agg"] is False and per_seq["eps_high"] is True
 
 
+def test_knob_probe_cannot_be_fooled_by_nan():
+    """NaN != NaN: a loss that is NaN everywhere used to read as acting on every knob."""
+    assert probe_knobs(resolve("broken_losses:always_nan")) == dict.fromkeys(
+        ("eps_low", "eps_high", "clip_ratio_c", "loss_agg"), None
+    )
+
+
+def test_every_builtin_and_peer_loss_keeps_the_contract():
+    """What every correct loss must satisfy, including the peers' own code (verl through
+    global_batch_info, as its trainer calls it: its default 0 / 0 on a micro-batch with no
+    loss token is not reached)."""
+    from toybench.check_cli import all_specs
+
+    specs, _ = all_specs()
+    assert len(specs) >= 9
+    import broken_losses
+
+    specs += [f"broken_losses:{n}" for n in broken_losses.CORRECT]
+    for spec in specs:
+        assert probe_contract(resolve(spec)) == {}, spec
+
+
+@pytest.mark.parametrize(
+    "name,clause",
+    [
+        ("sign_flip", "gradient_sign"),
+        ("inverted_ratio", "gradient_sign"),
+        ("always_nan", "finite"),
+        ("nan_on_empty_rows", "empty_rows"),
+        ("nan_when_fully_masked", "fully_masked"),
+        ("padding_counted", "padding"),
+        ("mask_shifted", "padding"),
+        ("dual_clip_everywhere", "dual_clip"),
+    ],
+)
+def test_the_contract_probe_names_each_broken_clause(name, clause):
+    broken = probe_contract(resolve(f"broken_losses:{name}"))
+    assert clause in broken and set(broken) <= set(CONTRACT)
+    assert all("\n" not in text for text in broken.values())
+
+
+def test_a_detached_loss_is_refused_in_one_line():
+    with pytest.raises(LossSpecError, match="no gradient with respect to logp") as e:
+        probe_contract(resolve("broken_losses:detached_output"))
+    assert "\n" not in str(e.value)
+
+
+def test_user_signatures_star_args_and_declared_knobs(tmp_path, monkeypatch):
+    """A wrapper taking *args/**kwargs is a loss; dapo_knobs declares what it honours and a
+    bad declaration is one line."""
+    assert resolve("broken_losses:symmetric_only").honours == (
+        "eps_low",
+        "eps_high",
+        "clip_ratio_c",
+        "loss_agg",
+    )
+    assert resolve("broken_losses:decoupled_clip_no_dual").honours == ("eps_low", "eps_high")
+    (tmp_path / "declares_badly.py").write_text(
+        "from dapo.loss import policy_loss\n"
+        "def f(*args, **kw):\n    return policy_loss(*args, **kw)\n"
+        "f.dapo_knobs = ('eps_high', 'temperature')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(LossSpecError, match=r"dapo_knobs = .* must be a tuple of knob names"):
+        resolve("declares_badly:f")
+
+
+@pytest.mark.parametrize(
+    "source,words",
+    [
+        (
+            "raise RuntimeError('needs a GPU')\n",
+            "cannot import module 'import_fails_{i}' (RuntimeError: needs a GPU)",
+        ),
+        ("def f(:\n", "cannot import module 'import_fails_{i}' (SyntaxError: invalid syntax at"),
+        ("import no_such_dependency_xyz\n", "ModuleNotFoundError: No module named 'no_such_dependency_xyz'"),
+        ("raise SystemExit(3)\n", "cannot import module 'import_fails_{i}' (SystemExit: 3)"),
+    ],
+)
+def test_a_module_that_fails_at_import_is_one_line(source, words, tmp_path, monkeypatch):
+    i = abs(hash(source)) % 10**6
+    (tmp_path / f"import_fails_{i}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(LossSpecError) as e:
+        resolve(f"import_fails_{i}:f")
+    assert words.format(i=i) in str(e.value) and "\n" not in str(e.value)
+
+
 def test_builtin_names_use_the_core_functions():
     assert resolve("dapo").fn is policy_loss
     assert resolve("dapo").knobs["eps_high"] == 0.28
@@ -310,3 +398,27 @@ def test_a_missing_peer_is_one_line_naming_the_install():
     with pytest.raises(LossSpecError) as e:
         _require("no_such_peer_package.core")
     assert PEERS_HINT in str(e.value) and "\n" not in str(e.value)
+
+
+@need_verl
+def test_verl_divides_0_by_0_without_the_window_denominator():
+    """On record: verl's agg_loss normalises by the mask it is given, so a micro-batch with
+    no loss token is NaN unless the trainer passes the window's count (global_batch_info),
+    which the adapter does from agg_denominator; then micro-batches sum to the window."""
+    from toybench.peers import verl_loss
+
+    for agg in AGGS:
+        fn = verl_loss("vanilla")
+        kw = dict(eps_low=0.2, eps_high=0.28, agg=agg, norm_const=7.0)
+        logp, old, adv, mask = batch(3, B=6, T=7, empty_row=True)
+        empty = torch.zeros_like(mask)
+        assert torch.isnan(fn(logp, old, adv, empty, **kw)[0])
+        den = window_denominator(mask, agg, 7.0)
+        value = fn(logp, old, adv, empty, agg_denominator=den, **kw)[0]
+        assert value == 0 and torch.isfinite(torch.autograd.grad(value, logp)[0]).all()
+        whole = fn(logp, old, adv, mask, **kw)[0]
+        parts = sum(
+            fn(logp[s], old[s], adv[s], mask[s], agg_denominator=den, **kw)[0]
+            for s in (slice(0, 2), slice(2, 6))
+        )
+        assert float(parts.detach()) == pytest.approx(float(whole.detach()), rel=1e-7), agg

@@ -12,14 +12,24 @@ three kinds of arm on the same seeds (paired), on the batched toy engine:
   ``--set`` overrides). Sampling and reward knobs stay unprotected: a loss is judged on
   what the loss does.
 
-Per failure mode and loss it reports **protects** (the paired difference candidate -
+Before any verdict, the **learning gate**: in each failure mode's task the candidate's
+expected accuracy must rise above a no-update control (its own step-0 policy, paired by
+seed) on both seed blocks, and at most :data:`MAX_SKIPPED_SHARE` of its optimizer steps may
+be skipped for a non-finite loss; a loss that fails it gets ``does not learn`` and no
+protection verdict or share (a policy that learns nothing, or un-learns, moves some
+contrasts too). A **contract probe** (:func:`toybench.losses.probe_contract`) checks
+finiteness on empty rows and fully masked micro-batches, invariance to padding and the
+gradient's sign.
+
+Per failure mode and loss it then reports **protects** (the paired difference candidate -
 unprotected in the experiment's primary summary, in the direction of the fix, with its
 bootstrap interval; a verdict must hold on the discovery and the confirmation seed
 block) and **vs DAPO's fix** (candidate - fix: ``as fix`` when the interval lies within
 +-25% of the fix's own effect, ``better``/``weaker`` when it excludes zero, else
-``inconclusive``). A knob probe (:func:`toybench.losses.probe_knobs`) names each knob the
-loss says it acts on but ignores. A loss fails the check when a failure mode it claims is
-not protected, or a knob it honours is ignored.
+``inconclusive``); an interval within :data:`NOISE` of the metric's scale is no effect. A
+knob probe (:func:`toybench.losses.probe_knobs`) names each knob the loss says it acts on
+but ignores. A loss fails the check when it breaks its contract, does not learn, skips
+steps, does not protect against a failure mode it claims, or ignores a knob it honours.
 """
 
 from __future__ import annotations
@@ -29,12 +39,38 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .experiment import Contrast, Experiment, ExperimentResult, run_experiments
-from .losses import FAILURE_MODES, KNOBS, Loss, knob_values, probe_knobs, resolve
+from .experiment import Contrast, Experiment, ExperimentResult, Log, Summary, final, run_experiments
+from .losses import (
+    FAILURE_MODES,
+    KNOBS,
+    Loss,
+    knob_values,
+    probe_contract,
+    probe_knobs,
+    probe_line,
+    resolve,
+)
 from .stats import Interval
 
 EQUIVALENCE_MARGIN = 0.25
 """``as fix`` needs the candidate - fix interval inside +-this fraction of the fix's effect."""
+
+NOISE = 1e-9
+"""An effect whose interval lies within +-``NOISE`` x the metric's scale (the largest
+absolute value of that summary over the experiment's arms and seeds) is no effect, whatever
+the interval says: two algebraically equal losses differ by rounding (1e-17), and a
+zero-width interval at 1e-17 would otherwise "exclude 0"."""
+
+MAX_SKIPPED_SHARE = 0.01
+"""A candidate whose optimizer steps are skipped (non-finite loss or gradient) more often
+than this, in any failure mode's runs, fails: skipped steps are steps it did not learn
+from, and they bias every summary (a run that skips looks as if it learned less, or, on
+"steps to 80%", can look faster)."""
+
+LEARNING_METRIC = "toy/expected_accuracy"
+"""The learning gate's metric: the policy's exact expected accuracy (no sampling noise)."""
+
+DOES_NOT_LEARN = "does not learn"
 
 
 @dataclass(frozen=True)
@@ -103,12 +139,33 @@ FRAGILE = "fragile"
 
 
 @dataclass
+class Learning:
+    """The learning gate in one failure mode's task: the candidate's expected accuracy over
+    the run (last 10 steps minus step 0, paired by seed). A run that never updates keeps
+    its step-0 policy, so step 0 *is* the no-update control of the same seed, exactly."""
+
+    gain: dict[str, Interval]
+    """Per seed block: final expected accuracy - the no-update control's."""
+    learns: bool
+    """The gain excludes 0 upwards, beyond :data:`NOISE`, on every block."""
+    skipped: int
+    """Optimizer steps skipped for a non-finite loss or gradient, over every seed."""
+    steps: int
+    """Optimizer steps taken or skipped, over every seed."""
+
+    @property
+    def skipped_share(self) -> float:
+        return self.skipped / self.steps if self.steps else 0.0
+
+
+@dataclass
 class ModeResult:
     mode: str
     protection: str
-    """``protects``, ``no effect``, ``harms`` or ``fragile`` (the seed blocks disagree)."""
+    """``protects``, ``no effect``, ``harms``, ``fragile`` (the seed blocks disagree) or
+    ``does not learn`` (the learning gate failed: no protection verdict)."""
     vs_fix: str
-    """``as fix``, ``better``, ``weaker``, ``inconclusive`` or ``fragile``."""
+    """``as fix``, ``better``, ``weaker``, ``inconclusive``, ``fragile`` or ``n/a``."""
     effect: dict[str, Interval]
     """Per seed block: candidate - unprotected."""
     gap: dict[str, Interval]
@@ -116,11 +173,18 @@ class ModeResult:
     fix_effect: dict[str, Interval]
     """Per seed block: fix - unprotected (the reference effect)."""
     claimed: bool
+    learning: Learning
+    values: dict[str, float] = field(default_factory=dict)
+    """The summary's mean over every seed for ``unprotected``, ``fix`` and ``candidate``
+    (the absolute levels behind the paired differences)."""
 
     @property
     def recovered(self) -> float:
         """Mean share of the fix's effect the candidate recovers (1 = as much as DAPO's fix,
-        0 = none, < 0 = harm), pooled over the seed blocks."""
+        0 = none, < 0 = harm), pooled over the seed blocks; NaN for a candidate that does
+        not learn (a run that learns nothing moves some contrasts too, e.g. the length gap)."""
+        if not self.learning.learns:
+            return math.nan
         eff = [iv.mean for iv in self.effect.values()]
         ref = [iv.mean for iv in self.fix_effect.values()]
         num, den = sum(eff) / len(eff), sum(ref) / len(ref)
@@ -137,24 +201,63 @@ class LossResult:
     knobs: dict[str, Any]
     """The knobs the candidate arms ran with."""
     claims: tuple[str, ...]
-    probe: dict[str, bool]
-    """Knob -> whether the loss's value or gradient moves with it."""
+    probe: dict[str, bool | None]
+    """Knob -> whether the loss's value or gradient moves with it (None: not finite)."""
+    contract: dict[str, str] = field(default_factory=dict)
+    """Clause of :data:`toybench.losses.CONTRACT` -> what the loss does wrong."""
     modes: dict[str, ModeResult] = field(default_factory=dict)
 
     @property
     def ignored(self) -> list[str]:
         """Knobs the loss says it acts on but does not."""
-        return [k for k in self.loss.honours if not self.probe[k]]
+        return [k for k in self.loss.honours if self.probe[k] is False]
+
+    @property
+    def learns(self) -> bool:
+        return all(m.learning.learns for m in self.modes.values())
 
     @property
     def failures(self) -> list[str]:
-        out = [
-            f"ignores {k}={self.knobs[k]!r} (its value and gradient do not change with it)"
-            for k in self.ignored
-        ]
+        out = [f"contract ({clause}): {text}" for clause, text in self.contract.items()]
+        out += [probe_line(k) for k in self.ignored]
         for m in self.modes.values():
-            if m.failed:
+            lg = m.learning
+            if not lg.learns:
+                block, iv = min(lg.gain.items(), key=lambda kv: kv[1].low if kv[1].n else -math.inf)
+                out.append(
+                    f"{DOES_NOT_LEARN} on {m.mode}'s task: expected accuracy {_fmt_gain(iv)} over the run "
+                    f"against no update ({block} seeds)"
+                )
+            if lg.skipped_share > MAX_SKIPPED_SHARE:
+                out.append(
+                    f"skips {lg.skipped} of {lg.steps} optimizer steps ({lg.skipped_share:.0%}) in {m.mode}'s "
+                    "runs: the loss or its gradient is not finite there"
+                )
+            if m.failed and m.protection != DOES_NOT_LEARN:
                 out.append(f"claims to protect against {m.mode} but {m.protection}")
+        return out
+
+    @property
+    def reasons(self) -> list[str]:
+        """:attr:`failures` in a few words each (the table's verdict column)."""
+        out = []
+        if self.contract:
+            out.append("contract: " + ", ".join(self.contract))
+        if self.ignored:
+            out.append("ignores " + ", ".join(self.ignored))
+        for label, names in (
+            (DOES_NOT_LEARN, [m.mode for m in self.modes.values() if not m.learning.learns]),
+            (
+                "skips steps",
+                [m.mode for m in self.modes.values() if m.learning.skipped_share > MAX_SKIPPED_SHARE],
+            ),
+            (
+                "does not protect",
+                [f"{m.mode} ({m.protection})" for m in self.modes.values() if m.failed and m.learning.learns],
+            ),
+        ):
+            if names:
+                out.append(f"{label}: {', '.join(names)}")
         return out
 
     @property
@@ -174,12 +277,19 @@ class LossResult:
             "honours": list(self.loss.honours),
             "knob_probe": self.probe,
             "ignored_knobs": self.ignored,
+            "contract": self.contract,
+            "learns": self.learns,
             "modes": {
                 name: {
                     "protection": m.protection,
                     "vs_fix": m.vs_fix,
                     "recovered": m.recovered,
                     "claimed": m.claimed,
+                    "learns": m.learning.learns,
+                    "accuracy_gain": {b: iv(i) for b, i in m.learning.gain.items()},
+                    "skipped_steps": m.learning.skipped,
+                    "values": m.values,
+                    "optimizer_steps": m.learning.steps,
                     "effect": {b: iv(i) for b, i in m.effect.items()},
                     "gap_to_fix": {b: iv(i) for b, i in m.gap.items()},
                     "fix_effect": {b: iv(i) for b, i in m.fix_effect.items()},
@@ -195,31 +305,46 @@ def _arm_name(i: int) -> str:
     return f"candidate_{i}"
 
 
-def _protection(interval: Interval, better: str) -> str:
-    if interval.n == 0 or not interval.excludes_zero():
+def _negligible(interval: Interval, tol: float) -> bool:
+    return interval.n > 0 and max(abs(interval.low), abs(interval.high)) <= tol
+
+
+def _protection(interval: Interval, better: str, tol: float = 0.0) -> str:
+    if interval.n == 0 or _negligible(interval, tol) or not interval.excludes_zero():
         return "no effect"
     return PROTECTS if (interval.low > 0) == (better == "+") else "harms"
 
 
-def _vs_fix(gap: Interval, fix_effect: Interval, better: str) -> str:
+def _vs_fix(gap: Interval, fix_effect: Interval, better: str, tol: float = 0.0) -> str:
     margin = EQUIVALENCE_MARGIN * abs(fix_effect.mean)
     if gap.n == 0:
         return "inconclusive"
-    if margin > 0 and -margin <= gap.low and gap.high <= margin:
-        return "as fix"
-    if gap.low == gap.high == 0:
+    if _negligible(gap, tol) or (margin > 0 and -margin <= gap.low and gap.high <= margin):
         return "as fix"
     if gap.excludes_zero():
         return "better" if (gap.low > 0) == (better == "+") else "weaker"
     return "inconclusive"
 
 
+def _learned(gain: Interval, tol: float = 0.0) -> bool:
+    return gain.n > 0 and gain.low > 0 and not _negligible(gain, tol)
+
+
 def _combine(labels: Sequence[str]) -> str:
     return labels[0] if len(set(labels)) == 1 else FRAGILE
 
 
+def _accuracy_gain(log: Log) -> float:
+    return final(LEARNING_METRIC)(log) - log[0][LEARNING_METRIC]
+
+
+LEARNED = "learned"
+"""The learning gate's summary, added to every derived experiment."""
+
+
 def derived_experiment(mode: FailureMode, losses: Sequence[Loss], overrides: dict[str, Any]) -> Experiment:
-    """The mode's experiment cut to its unprotected and fix arms plus one candidate per loss."""
+    """The mode's experiment cut to its unprotected and fix arms plus one candidate per loss,
+    with the learning gate (candidate's accuracy gain against no update) as contrasts."""
     from .experiments import REGISTRY
 
     exp = REGISTRY[mode.experiment]
@@ -228,12 +353,16 @@ def derived_experiment(mode: FailureMode, losses: Sequence[Loss], overrides: dic
     for i, loss in enumerate(losses):
         knobs = knob_values(loss, overrides)
         arms[_arm_name(i)] = replace(base, cfg=base.cfg.replace(**knobs), loss=loss.spec)
-    summary = exp.summaries[mode.summary]
+    summaries = {
+        mode.summary: exp.summaries[mode.summary],
+        LEARNED: Summary(_accuracy_gain, "expected accuracy, last 10 steps minus step 0 (= no update)"),
+    }
     contrasts = [Contrast("fix", mode.unprotected, mode.fix, mode.summary, "?")]
     for i in range(len(losses)):
         contrasts.append(Contrast(f"effect {i}", mode.unprotected, _arm_name(i), mode.summary, "?"))
         contrasts.append(Contrast(f"gap {i}", mode.fix, _arm_name(i), mode.summary, "?"))
-    return replace(exp, arms=arms, summaries={mode.summary: summary}, contrasts=tuple(contrasts))
+        contrasts.append(Contrast(f"learns {i}", None, _arm_name(i), LEARNED, "+"))
+    return replace(exp, arms=arms, summaries=summaries, contrasts=tuple(contrasts))
 
 
 def check(
@@ -245,12 +374,14 @@ def check(
     modes: Sequence[str] = FAILURE_MODES,
     overrides: dict[str, Any] | None = None,
     claims: Sequence[str] | None = None,
+    knobs: Sequence[str] | None = None,
     jobs: int | None = None,
     progress: bool = False,
 ) -> list[LossResult]:
     """Run the check for every loss in ``specs`` at once (the unprotected and fix arms are
     shared). ``overrides`` sets knobs of :data:`~toybench.losses.KNOBS` for every
-    candidate; ``claims`` replaces each loss's own claims."""
+    candidate; ``claims`` replaces each loss's own claims and ``knobs`` the knobs each says
+    it honours."""
     overrides = dict(overrides or {})
     unknown = [k for k in overrides if k not in KNOBS]
     if unknown:
@@ -258,12 +389,23 @@ def check(
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise ValueError(f"unknown failure mode(s) {', '.join(bad)}; choose from {', '.join(MODES)}")
+    if knobs is not None and any(k not in KNOBS for k in knobs):
+        raise ValueError(f"knobs {', '.join(knobs)}: choose from {', '.join(KNOBS)}")
     losses = [s if isinstance(s, Loss) else resolve(s) for s in specs]
+    if knobs is not None:
+        losses = [replace(loss, honours=tuple(k for k in KNOBS if k in knobs)) for loss in losses]
     results = []
-    for loss in losses:
-        knobs = knob_values(loss, overrides)
+    for loss in losses:  # the probes run first: a loss they refuse never starts an experiment
         chosen_claims = tuple(loss.claims if claims is None else claims)
-        results.append(LossResult(loss, knobs, chosen_claims, probe_knobs(loss, overrides)))
+        results.append(
+            LossResult(
+                loss,
+                knob_values(loss, overrides),
+                chosen_claims,
+                probe_knobs(loss, overrides),
+                probe_contract(loss, overrides),
+            )
+        )
     experiments = [derived_experiment(MODES[m], losses, overrides) for m in modes]
     done = run_experiments(
         experiments, seeds=seeds, seed_start=seed_start, confirm=confirm, jobs=jobs, progress=progress
@@ -273,21 +415,52 @@ def check(
     return results
 
 
+def _scale(res: ExperimentResult, summary: str) -> float:
+    """The summary's scale in this experiment: its largest finite |value| over arms and seeds."""
+    values = [abs(v) for per_arm in res.summaries[summary].values() for v in per_arm if math.isfinite(v)]
+    return max(values, default=0.0)
+
+
+def _mean(values: Sequence[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def _skipped(logs: dict[int, Log]) -> tuple[int, int]:
+    skipped = sum(m.get("actor/skipped_steps", 0.0) for log in logs.values() for m in log)
+    taken = sum(m.get("actor/optimizer_steps", 0.0) for log in logs.values() for m in log)
+    return int(skipped), int(skipped + taken)
+
+
 def _judge(mode: FailureMode, res: ExperimentResult, results: list[LossResult]) -> None:
     by_name = {c.contrast.name: c for c in res.contrasts}
     fix = by_name["fix"]
     fix_eff = {b: r.interval for b, r in fix.blocks.items()}
+    tol = NOISE * _scale(res, mode.summary)
+    tol_learned = NOISE * _scale(res, LEARNED)
     for i, r in enumerate(results):
         eff = {b: x.interval for b, x in by_name[f"effect {i}"].blocks.items()}
         gap = {b: x.interval for b, x in by_name[f"gap {i}"].blocks.items()}
+        gain = {b: x.interval for b, x in by_name[f"learns {i}"].blocks.items()}
+        learning = Learning(
+            gain, all(_learned(iv, tol_learned) for iv in gain.values()), *_skipped(res.logs[_arm_name(i)])
+        )
+        if learning.learns:
+            protection = _combine([_protection(iv, mode.better, tol) for iv in eff.values()])
+            vs_fix = _combine([_vs_fix(gap[b], fix_eff[b], mode.better, tol) for b in gap])
+        else:
+            protection, vs_fix = DOES_NOT_LEARN, "n/a"
+        per_arm = res.summaries[mode.summary]
+        values = {
+            role: _mean(per_arm[arm])
+            for role, arm in (
+                ("unprotected", mode.unprotected),
+                ("fix", mode.fix),
+                ("candidate", _arm_name(i)),
+            )
+        }
         r.modes[mode.name] = ModeResult(
-            mode.name,
-            _combine([_protection(iv, mode.better) for iv in eff.values()]),
-            _combine([_vs_fix(gap[b], fix_eff[b], mode.better) for b in gap]),
-            eff,
-            gap,
-            fix_eff,
-            mode.name in r.claims,
+            mode.name, protection, vs_fix, eff, gap, fix_eff, mode.name in r.claims, learning, values
         )
 
 
@@ -297,11 +470,13 @@ def assert_protects(
     *,
     seeds: int = 6,
     overrides: dict[str, Any] | None = None,
+    knobs: Sequence[str] | None = None,
     jobs: int | None = 1,
 ) -> LossResult:
-    """Assert in a test that ``loss`` protects against each failure mode in ``against``
-    (names of :data:`MODES`) on both seed blocks and acts on every knob it honours;
-    raise ``AssertionError`` naming what failed. Returns the result for further checks::
+    """Assert in a test that ``loss`` keeps its contract, learns on each task of ``against``
+    (names of :data:`MODES`), protects against each on both seed blocks and acts on every
+    knob it honours (``knobs``, default its own declaration); raise ``AssertionError``
+    naming what failed. Returns the result for further checks::
 
         from toybench.check import assert_protects
 
@@ -309,7 +484,9 @@ def assert_protects(
             assert_protects("mypkg.losses:my_loss", "entropy_collapse")
     """
     modes = [against] if isinstance(against, str) else list(against)
-    (result,) = check([loss], seeds=seeds, modes=modes, overrides=overrides, claims=modes, jobs=jobs)
+    (result,) = check(
+        [loss], seeds=seeds, modes=modes, overrides=overrides, claims=modes, knobs=knobs, jobs=jobs
+    )
     if not result.passed:
         raise AssertionError(f"{result.loss.spec}: " + "; ".join(result.failures))
     return result
@@ -324,21 +501,42 @@ def _fmt_iv(iv: Interval) -> str:
     return f"{iv.mean:+.3g} [{iv.low:+.3g}, {iv.high:+.3g}]"
 
 
+def _fmt_gain(iv: Interval) -> str:
+    """An accuracy gain; one within rounding of 0 (a run that never stepped) reads as such."""
+    if _negligible(iv, 1e-12):
+        return "+0 (unchanged)"
+    return _fmt_iv(iv)
+
+
+def _learns_cell(m: ModeResult) -> str:
+    lg = m.learning
+    cell = ("yes " if lg.learns else "**NO** ") + _fmt_gain(lg.gain["discovery"])
+    if lg.skipped:
+        cell += f", {lg.skipped_share:.0%} of steps skipped"
+    return cell
+
+
+def _share(value: float) -> str:
+    return f"{value:.2f}" if math.isfinite(value) else "n/a"
+
+
 def format_table(results: Sequence[LossResult]) -> str:
-    """A markdown table: one row per loss and failure mode, and the knob probe."""
+    """A markdown table: one row per loss and failure mode (learning gate first), and the
+    knob and contract probes."""
     lines = [
-        "| loss | failure mode (DAPO's fix) | claimed | protects | candidate - unprotected (discovery) "
-        "| vs DAPO's fix | share of fix |",
-        "|---|---|---|---|---|---|---|",
+        "| loss | failure mode (DAPO's fix) | claimed | learns (accuracy vs no update) | protects "
+        "| candidate - unprotected (discovery) | vs DAPO's fix | share of fix |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         for name, m in r.modes.items():
             mode = MODES[name]
             dagger = "" if mode.loss_can_act else " †"
+            fail = m.failed or not m.learning.learns
             lines.append(
                 f"| `{r.loss.spec}` | {name}{dagger} ({mode.fix_name}, {mode.summary} {mode.better}) "
-                f"| {'yes' if m.claimed else ''} | {m.protection}{' **FAIL**' if m.failed else ''} "
-                f"| {_fmt_iv(m.effect['discovery'])} | {m.vs_fix} | {m.recovered:.2f} |"
+                f"| {'yes' if m.claimed else ''} | {_learns_cell(m)} | {m.protection}{' **FAIL**' if fail else ''} "
+                f"| {_fmt_iv(m.effect['discovery'])} | {m.vs_fix} | {_share(m.recovered)} |"
             )
     if any(not MODES[n].loss_can_act for r in results for n in r.modes):
         lines.append("")
@@ -349,17 +547,30 @@ def format_table(results: Sequence[LossResult]) -> str:
         )
     lines.append("")
     lines.append(
-        "| loss | knobs it takes, as run | acts on eps_low / eps_high / clip_ratio_c / loss_agg | verdict |"
+        "| loss | knobs it takes, as run | acts on eps_low / eps_high / clip_ratio_c / loss_agg "
+        "| contract | verdict |"
     )
-    lines.append("|---|---|---|---|")
+    lines.append("|---|---|---|---|---|")
+
+    def acts(r: LossResult, k: str) -> str:
+        if r.probe[k] is None:
+            return "n/a (not finite)"
+        if r.probe[k]:
+            return "yes"
+        return "**IGNORED**" if k in r.loss.honours else "no (by design)"
+
     for r in results:
-        acts = " / ".join(
-            ("yes" if r.probe[k] else ("**IGNORED**" if k in r.loss.honours else "no (by design)"))
-            for k in KNOBS
-        )
         knobs = (
             ", ".join(f"{k}={r.knobs[k]}" for k in KNOBS if k in r.loss.honours) or "none (fixed by the loss)"
         )
-        verdict = "pass" if r.passed else "FAIL: " + "; ".join(r.failures)
-        lines.append(f"| `{r.loss.spec}` | {knobs} | {acts} | {verdict} |")
+        contract = ", ".join(f"**{c}**" for c in r.contract) or "kept"
+        verdict = "pass" if r.passed else "FAIL: " + "; ".join(r.reasons)
+        lines.append(
+            f"| `{r.loss.spec}` | {knobs} | {' / '.join(acts(r, k) for k in KNOBS)} | {contract} | {verdict} |"
+        )
+    for r in results:
+        if not r.passed:
+            lines.append("")
+            lines.append(f"`{r.loss.spec}` fails:")
+            lines.extend(f"- {f}" for f in r.failures)
     return "\n".join(lines)

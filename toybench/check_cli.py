@@ -51,6 +51,16 @@ def _names(text: str, option: str, allow_none: bool = False) -> list[str]:
     return names
 
 
+def _knob_names(text: str) -> list[str]:
+    if text.strip().lower() == "none":
+        return []
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in KNOBS]
+    if bad or not names:
+        raise UsageError(f"--knobs {text!r}: choose from {', '.join(KNOBS)} or none")
+    return names
+
+
 SCALED = ("clip_cov[clip_cov_ratio=0.02]", "kl_cov[kl_cov_ratio=0.02]")
 """Clip-Cov and KL-Cov with the share of tokens raised 100x: at the papers' 2e-4 a toy
 window of ~500 tokens gets one token (``max(1, int(2e-4 * n))``)."""
@@ -81,6 +91,7 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
     overrides = dict(_knob(item) for item in args.set)
     modes = _names(args.modes, "--modes")
     claims = None if args.claims is None else _names(args.claims, "--claims", allow_none=True)
+    knobs = None if args.knobs is None else _knob_names(args.knobs)
     if os.getcwd() not in sys.path:  # `module:function` from the current directory, as pytest finds tests
         sys.path.insert(0, os.getcwd())
     specs = list(args.loss)
@@ -104,6 +115,7 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
             modes=modes,
             overrides=overrides,
             claims=claims,
+            knobs=knobs,
             jobs=args.jobs,
             progress=not args.quiet,
         )

@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser(
         "check",
         help="does a policy loss protect against each failure mode? (this project's, verl's, TRL's or yours)",
+        description="Probe a policy loss's contract and knobs, check that it learns on each failure mode's "
+        "task, then whether it protects against each failure mode (paired seeds, two blocks).",
+        epilog="exit status: 0 every loss passes; 1 a loss fails (broken contract, ignored knob, does not "
+        "learn, skipped steps, or an unprotected claimed failure mode); 2 bad input (a spec, option or "
+        "loss that cannot be run: import error, wrong signature, raises, no gradient).",
     )
     c.add_argument(
         "loss",
@@ -70,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="comma-separated failure modes the loss claims to fix (entropy_collapse, zero_gradient, "
         "length_bias, truncation_noise), or `none`; default: each loss's own claims",
+    )
+    c.add_argument(
+        "--knobs",
+        type=Text(),
+        default=None,
+        help="comma-separated knobs the losses honour (eps_low, eps_high, clip_ratio_c, loss_agg), or "
+        "`none`; the knob probe fails a loss that ignores one; default: each loss's own (for "
+        "module:function its dapo_knobs attribute, else all four, as DAPO's loss)",
     )
     c.add_argument(
         "--modes",

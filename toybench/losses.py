@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from dapo import losses as dl
-from dapo.loss import policy_loss
+from dapo.loss import policy_loss, window_denominator
 
 KNOBS = ("eps_low", "eps_high", "clip_ratio_c", "loss_agg")
 """The :class:`~dapo.AlgoConfig` knobs a policy loss receives (``loss_agg`` arrives as
@@ -213,44 +213,73 @@ def _user(name: str, params: dict[str, Any], spec: str) -> Loss:
     module, _, attr = name.partition(":")
     try:
         mod = importlib.import_module(module)
-    except ImportError as e:
-        raise LossSpecError(f"loss {spec!r}: cannot import module {module!r} ({e})") from None
+    except (Exception, SystemExit) as e:  # ImportError, and whatever else the module raises at import
+        raise LossSpecError(f"loss {spec!r}: cannot import module {module!r} ({_one_line(e)})") from None
     fn = getattr(mod, attr, None)
     if not callable(fn):
         raise LossSpecError(f"loss {spec!r}: module {module!r} has no function {attr!r}")
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        sig = None
-    if sig is not None:
-        names = set(sig.parameters)
-        var_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
-        missing = [k for k in _INTERFACE if k not in names and not var_kw]
-        if (
-            len(
-                [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-            )
-            < 4
-        ):
-            raise LossSpecError(
-                f"loss {spec!r}: takes fewer than 4 positional arguments "
-                "(logp, old_logp, advantages, mask); see dapo.losses.PolicyLossFn"
-            )
-        if missing:
-            raise LossSpecError(
-                f"loss {spec!r}: lacks keyword argument(s) {', '.join(missing)} of dapo.losses.PolicyLossFn"
-            )
+    _check_signature(fn, spec)
+    honours = declared_knobs(fn, spec)
     if params:
         fn = functools.partial(fn, **params)
     return Loss(
         spec,
         _guarded(dl.per_run(fn), spec),
         dict(DAPO_KNOBS),
-        KNOBS,
+        honours,
         ("entropy_collapse", "length_bias"),
         f"user function {name}, run with DAPO's loss knobs (claims what DAPO's loss claims)",
         params,
     )
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    if isinstance(e, SyntaxError) and e.lineno is not None:
+        text = f"{e.msg} at {e.filename}:{e.lineno}"
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _check_signature(fn: Callable[..., Any], spec: str) -> None:
+    """The loss must take :class:`dapo.losses.PolicyLossFn`'s arguments: four positional
+    (or ``*args``) and the interface's keywords (or ``**kwargs``)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    kinds = [p.kind for p in sig.parameters.values()]
+    positional = sum(
+        k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds
+    )
+    if positional < 4 and inspect.Parameter.VAR_POSITIONAL not in kinds:
+        raise LossSpecError(
+            f"loss {spec!r}: takes fewer than 4 positional arguments "
+            "(logp, old_logp, advantages, mask); see dapo.losses.PolicyLossFn"
+        )
+    if inspect.Parameter.VAR_KEYWORD not in kinds:
+        missing = [k for k in _INTERFACE if k not in sig.parameters]
+        if missing:
+            raise LossSpecError(
+                f"loss {spec!r}: lacks keyword argument(s) {', '.join(missing)} of dapo.losses.PolicyLossFn"
+            )
+
+
+KNOBS_ATTRIBUTE = "dapo_knobs"
+"""A user's loss declares the knobs it honours as a function attribute,
+``my_loss.dapo_knobs = ("eps_low", "eps_high")``; without it, every knob of :data:`KNOBS`
+(what DAPO's loss honours). ``dapo toy check --knobs`` overrides both."""
+
+
+def declared_knobs(fn: Callable[..., Any], spec: str) -> tuple[str, ...]:
+    value = getattr(fn, KNOBS_ATTRIBUTE, None)
+    if value is None:
+        return KNOBS
+    names = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
+    if names is None or any(not isinstance(n, str) or n not in KNOBS for n in names):
+        raise LossSpecError(
+            f"loss {spec!r}: {KNOBS_ATTRIBUTE} = {value!r} must be a tuple of knob names from {', '.join(KNOBS)}"
+        )
+    return tuple(k for k in KNOBS if k in names)
 
 
 def _guarded(fn: Callable[..., Any], spec: str) -> Callable[..., Any]:
@@ -290,12 +319,14 @@ def knob_values(loss: Loss, overrides: dict[str, Any] | None = None) -> dict[str
     return {k: out[k] for k in KNOBS}
 
 
-# ---- the knob probe ---------------------------------------------------------------------
+# ---- the probes: the loss's knobs and its contract ---------------------------------------
 
 PROBE_B, PROBE_T = 16, 8
 
+Batch = tuple[Tensor, Tensor, Tensor, Tensor]
 
-def _probe_batch() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+
+def _probe_batch() -> Batch:
     g = torch.Generator().manual_seed(20250317)
     old = -torch.rand(PROBE_B, PROBE_T, generator=g, dtype=torch.float64) * 3.0 - 0.05
     log_ratio = (torch.rand(PROBE_B, PROBE_T, generator=g, dtype=torch.float64) * 2 - 1) * 2.0
@@ -305,8 +336,16 @@ def _probe_batch() -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return old + log_ratio, old, adv, mask
 
 
-def _call(loss: Loss, knobs: dict[str, Any], norm_const: float) -> tuple[float, Tensor]:
-    logp, old, adv, mask = _probe_batch()
+class ProbeError(LossSpecError):
+    """A loss whose output cannot be probed at all (no gradient, wrong type): refused."""
+
+
+def _call(
+    loss: Loss, knobs: dict[str, Any], batch: Batch | None = None, denominator: float | None = None
+) -> tuple[float, Tensor]:
+    """The loss's value and d loss / d logp on ``batch`` (default: the knob probe's), called
+    as the batched engine calls it (one leading run dimension)."""
+    logp, old, adv, mask = batch if batch is not None else _probe_batch()
     logp = logp.clone().requires_grad_(True)
     value, _ = loss.fn(
         logp.unsqueeze(0),
@@ -317,12 +356,18 @@ def _call(loss: Loss, knobs: dict[str, Any], norm_const: float) -> tuple[float, 
         eps_high=knobs["eps_high"],
         clip_ratio_c=knobs["clip_ratio_c"],
         agg=knobs["loss_agg"],
-        agg_denominator=None,
-        norm_const=norm_const,
+        agg_denominator=None if denominator is None else torch.tensor([denominator], dtype=torch.float64),
+        norm_const=PROBE_T,
     )
-    value.sum().backward()
-    assert logp.grad is not None
-    return float(value.detach().sum()), logp.grad.detach().clone()
+    if not isinstance(value, Tensor) or not value.requires_grad:
+        raise ProbeError(
+            f"loss {loss.spec!r} returned a loss with no gradient with respect to logp "
+            "(detached: .item(), .detach(), torch.no_grad or a new tensor built from its value)"
+        )
+    (grad,) = torch.autograd.grad(value.sum(), logp, allow_unused=True)
+    if grad is None:
+        grad = torch.zeros_like(logp)
+    return float(value.detach().sum()), grad.detach().clone()
 
 
 PROBE_VALUES: dict[str, tuple[Any, Any]] = {
@@ -335,19 +380,140 @@ PROBE_VALUES: dict[str, tuple[Any, Any]] = {
 loss's recipe (a sequence ratio, an absolute cap)."""
 
 
-def probe_knobs(loss: Loss, knobs: dict[str, Any] | None = None) -> dict[str, bool]:
+def _finite(value: float, grad: Tensor) -> bool:
+    return math.isfinite(value) and bool(torch.isfinite(grad).all())
+
+
+def _same(a: tuple[float, Tensor], b: tuple[float, Tensor], rtol: float = 1e-12, atol: float = 1e-15) -> bool:
+    return math.isclose(a[0], b[0], rel_tol=rtol, abs_tol=atol) and torch.allclose(
+        a[1], b[1], rtol=rtol, atol=atol
+    )
+
+
+def probe_knobs(loss: Loss, knobs: dict[str, Any] | None = None) -> dict[str, bool | None]:
     """For each knob of :data:`KNOBS`: does the loss's value or gradient change when the
     knob does? On a fixed batch (log-ratios spread over [-2, 2], advantages of both signs,
     every response length from 1 to T) where :func:`dapo.loss.policy_loss` changes with
-    every one of them, at the two values of :data:`PROBE_VALUES`. ``False`` for a knob in ``loss.honours`` is a loss that ignores
-    what it is given (a hard-coded clip, a fixed aggregation)."""
+    every one of them, at the two values of :data:`PROBE_VALUES`. ``False`` for a knob in
+    ``loss.honours`` is a loss that ignores what it is given (a hard-coded clip, a fixed
+    aggregation); ``None``: the loss is not finite at one of the two values, so nothing can
+    be said (:func:`probe_contract` names it)."""
     knobs = knob_values(loss, knobs)
-    out = {}
+    out: dict[str, bool | None] = {}
     for knob, (v1, v2) in PROBE_VALUES.items():
-        value1, grad1 = _call(loss, {**knobs, knob: v1}, PROBE_T)
-        value2, grad2 = _call(loss, {**knobs, knob: v2}, PROBE_T)
-        same = math.isclose(value1, value2, rel_tol=1e-12, abs_tol=1e-15) and torch.allclose(
-            grad1, grad2, rtol=1e-12, atol=1e-15
+        first = _call(loss, {**knobs, knob: v1})
+        second = _call(loss, {**knobs, knob: v2})
+        out[knob] = None if not (_finite(*first) and _finite(*second)) else not _same(first, second)
+    return out
+
+
+def probe_line(knob: str) -> str:
+    """The failure line for a knob the loss honours but ignores, naming the probed values."""
+    v1, v2 = PROBE_VALUES[knob]
+    return (
+        f"ignores {knob} ({knob}={v1!r} and {knob}={v2!r} give the same value and gradient; "
+        f"if it is not meant to, declare the knobs it honours: --knobs or {KNOBS_ATTRIBUTE})"
+    )
+
+
+def _with_empty_rows(batch: Batch, rows: tuple[int, ...]) -> Batch:
+    logp, old, adv, mask = batch
+    mask = mask.clone()
+    mask[list(rows)] = False
+    return logp, old, adv, mask
+
+
+def _repadded(batch: Batch) -> Batch:
+    """The same batch with other (finite, plausible) log-probs in every padding position."""
+    logp, old, adv, mask = batch
+    g = torch.Generator().manual_seed(7)
+    junk_logp = -torch.rand(logp.shape, generator=g, dtype=logp.dtype) * 6.0 - 0.01
+    junk_old = -torch.rand(logp.shape, generator=g, dtype=logp.dtype) * 6.0 - 0.01
+    return torch.where(mask, logp, junk_logp), torch.where(mask, old, junk_old), adv, mask
+
+
+def _one_token(advantage: float) -> Batch:
+    logp = torch.full((1, 1), math.log(0.5), dtype=torch.float64)
+    return (
+        logp,
+        logp.clone(),
+        torch.tensor([advantage], dtype=torch.float64),
+        torch.ones(1, 1, dtype=torch.bool),
+    )
+
+
+CONTRACT = ("finite", "empty_rows", "fully_masked", "padding", "gradient_sign", "dual_clip")
+"""What every policy loss must satisfy, whatever its knobs (:func:`probe_contract`)."""
+
+
+def probe_contract(loss: Loss, knobs: dict[str, Any] | None = None) -> dict[str, str]:
+    """The loss's contract, at its own knobs; one named line per clause it breaks:
+
+    * ``finite``: value and gradient finite on the knob probe's batch;
+    * ``empty_rows``: ... and with some responses that have no loss token (overlong
+      filtering, padding rows of a micro-batch);
+    * ``fully_masked``: ... and on a micro-batch with no loss token at all (all its
+      responses filtered) inside a window that has some, called as :func:`dapo.update.update`
+      calls it, with the window's ``agg_denominator``: a mean must not divide 0 by 0;
+    * ``padding``: value and gradient unchanged by what sits in padding positions (the
+      engine's log-probs there are arbitrary);
+    * ``gradient_sign``: on one token at ratio 1, a positive advantage raises that token's
+      log-prob under gradient descent (d loss / d logp < 0) and a negative one lowers it:
+      the loss is -J of Eq. 10, minimised;
+    * ``dual_clip`` (a loss that honours ``clip_ratio_c``): the dual clip bounds the loss of
+      negative-advantage tokens only (Ye et al. 2020; verl), so on a batch whose advantages
+      are all positive ``clip_ratio_c`` = 1.5 and None give the same value and gradient.
+    """
+    knobs = knob_values(loss, knobs)
+    base = _probe_batch()
+    out: dict[str, str] = {}
+    plain = _call(loss, knobs, base)
+    if not _finite(*plain):
+        out["finite"] = "not finite on a plain batch (log-ratios in [-2, 2], lengths 1 to 8)"
+    empty = _call(loss, knobs, _with_empty_rows(base, (2, 9)))
+    if not _finite(*empty):
+        out["empty_rows"] = "not finite when some responses have no loss token (rows with an all-False mask)"
+    logp, old, adv, mask = base
+    window = float(window_denominator(mask, knobs["loss_agg"], PROBE_T))
+    none = _call(loss, knobs, (logp, old, adv, torch.zeros_like(mask)), denominator=window)
+    if not _finite(*none):
+        out["fully_masked"] = (
+            "not finite on a micro-batch with no loss token, given the window's agg_denominator "
+            "(0 / 0 in a mean?)"
         )
-        out[knob] = not same
+    if "finite" not in out:
+        other = _call(loss, knobs, _repadded(base))
+        if not _finite(*other) or not _same(plain, other, rtol=1e-9, atol=1e-12):
+            out["padding"] = (
+                f"changes with what sits in padding positions (value {plain[0]:.6g} -> {other[0]:.6g}): "
+                "the mask is not applied to the loss"
+            )
+    if "clip_ratio_c" in loss.honours and "finite" not in out:
+        positive = (logp, old, adv.abs() + 0.1, mask)
+        with_dual = _call(loss, {**knobs, "clip_ratio_c": 1.5}, positive)
+        if not _same(
+            _call(loss, {**knobs, "clip_ratio_c": None}, positive), with_dual, rtol=1e-9, atol=1e-12
+        ):
+            out["dual_clip"] = (
+                "clip_ratio_c=1.5 changes the loss of a batch whose advantages are all positive: "
+                "the dual clip must act on negative advantages only"
+            )
+    for advantage, want in ((1.0, -1.0), (-1.0, 1.0)):
+        _, grad = _call(loss, knobs, _one_token(advantage))
+        g = float(grad.sum())
+        if not math.isfinite(g):
+            out["gradient_sign"] = (
+                f"on one token at ratio 1 with advantage {advantage:+g}, d loss / d logp = {g}"
+            )
+        elif g * want <= 0:
+            effect = (
+                "leave its log-prob where it is"
+                if g == 0
+                else ("lower" if g > 0 else "raise") + " its log-prob"
+            )
+            out["gradient_sign"] = (
+                f"on one token at ratio 1 with advantage {advantage:+g}, d loss / d logp = {g:+.3g}: "
+                f"gradient descent would {effect} (the loss must be -J, to minimise)"
+            )
+            break
     return out

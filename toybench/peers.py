@@ -8,9 +8,10 @@ verl: ``verl.trainer.ppo.core_algos.get_policy_loss_fn(name)`` is called with an
 ``eps_low``, ``clip_ratio_high`` = ``eps_high``, ``loss_agg_mode`` = ``agg``,
 ``loss_scale_factor`` = ``norm_const``, ``clip_ratio_c`` = the run's dual clip or, when
 the run has none, :data:`NO_DUAL_CLIP` (verl always applies one, default 3), and the
-loss's own parameters in ``policy_loss`` (``PolicyLossConfig``). verl normalises by the
-mask it is given; the toy hands it one whole optimizer-step window, whose own normaliser is
-the window's, so ``agg_denominator`` is not needed.
+loss's own parameters in ``policy_loss`` (``PolicyLossConfig``). ``agg_denominator``
+becomes ``global_batch_info`` (the window's token or response count), as verl's trainer
+passes it for each micro-batch; without it verl normalises by the mask it is given, which
+for a micro-batch with no loss token is 0 / 0.
 
 TRL: ``GRPOTrainer._compute_loss`` is called unbound on :class:`_TRLStandIn`, an object
 with the attributes that method reads and a ``_get_per_token_logps_and_entropies`` that
@@ -153,7 +154,16 @@ def _require(module: str) -> Any:
 
 
 @functools.lru_cache(maxsize=256)
-def _verl_config(name: str, eps_low: float, eps_high: float, clip_c: float, agg: str, norm: Any, params: Any):
+def _verl_config(
+    name: str,
+    eps_low: float,
+    eps_high: float,
+    clip_c: float,
+    agg: str,
+    norm: Any,
+    params: Any,
+    batch_info: tuple[tuple[str, Any], ...] = (),
+):
     from verl.workers.config import ActorConfig, PolicyLossConfig
 
     return ActorConfig(
@@ -168,7 +178,19 @@ def _verl_config(name: str, eps_low: float, eps_high: float, clip_c: float, agg:
         loss_agg_mode=agg,
         loss_scale_factor=norm,
         policy_loss=PolicyLossConfig(loss_mode=name, **dict(params)),
+        global_batch_info=dict(batch_info),
     )
+
+
+def _global_batch_info(denominator: float, agg: str, norm_const: float | None) -> tuple[tuple[str, Any], ...]:
+    """The window's normaliser as verl's own trainer hands it to ``agg_loss`` for each
+    micro-batch (``ActorConfig.global_batch_info``): the token count for token-mean, the
+    response count otherwise (verl divides by ``loss_scale_factor`` itself)."""
+    if agg == "token-mean":
+        return (("dp_size", 1), ("batch_num_tokens", denominator))
+    if agg == "seq-mean-token-sum-norm" and norm_const:
+        denominator /= float(norm_const)
+    return (("dp_size", 1), ("global_batch_size", denominator))
 
 
 def verl_loss(name: str, params: dict[str, Any] | None = None) -> Any:
@@ -188,7 +210,8 @@ def verl_loss(name: str, params: dict[str, Any] | None = None) -> Any:
         clip_ratio_c: float | None = None,
         agg: str = "token-mean",
         norm_const: float | None = None,
-        **_: Any,  # agg_denominator: verl normalises by the mask it is given
+        agg_denominator: Tensor | float | None = None,
+        **_: Any,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         cfg = _verl_config(
             name,
@@ -198,6 +221,9 @@ def verl_loss(name: str, params: dict[str, Any] | None = None) -> Any:
             agg,
             norm_const,
             frozen,
+            ()
+            if agg_denominator is None or not float(agg_denominator) > 0
+            else _global_batch_info(float(agg_denominator), agg, norm_const),
         )
         adv = advantages if advantages.shape == logp.shape else advantages.unsqueeze(-1).expand_as(logp)
         value, _ = fn(

@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .losses import LossSpecError
 from .progress import Progress
 from .runner import RunSpec, train
 
@@ -106,6 +107,9 @@ def _worker(jobs: list[Job], cursor, counter, results, parent: int) -> None:
     while os.getppid() == parent and (i := _take(cursor)) < len(jobs):  # an orphan stops after its job
         try:
             results.put((i, run_job(jobs[i], on_step), None))
+        except LossSpecError as e:  # a user's loss failed: the parent raises it as it is
+            results.put((i, None, e))
+            return
         except BaseException:  # reported to the parent, which raises
             results.put((i, None, traceback.format_exc()))
             return
@@ -148,6 +152,8 @@ def execute(
                 i, res, err = results.get(timeout=0.2) if block else results.get_nowait()
             except queue.Empty:
                 return
+            if isinstance(err, LossSpecError):
+                raise err
             if err is not None:
                 raise RuntimeError(f"toy worker failed on job {i}:\n{err}")
             done[i] = res

@@ -6,7 +6,11 @@ clip_ratio_c, agg, agg_denominator, norm_const) -> loss or (loss, stats). A verl
 is named ``verl:NAME`` / ``trl:LOSS_TYPE`` (install the peers first; see README). Each
 assertion runs the toy failure-mode experiment with your loss in place of the unprotected
 arm's, on two disjoint blocks of paired seeds, and fails with a message naming what is
-missing: a failure mode not protected against, or a knob your loss ignores.
+wrong: a broken contract (NaN on empty rows or fully masked micro-batches, padding that
+changes the loss, a gradient of the wrong sign), a loss that does not learn or skips
+steps, a failure mode not protected against, or a knob your loss ignores. A loss that is
+not meant to honour every knob says which it does: ``my_loss.dapo_knobs = ("eps_low",
+"eps_high")`` (or ``assert_protects(..., knobs=[...])``).
 
 Here LOSS is this project's own DAPO loss, so the file runs as it is in this repo's CI.
 """
