@@ -157,6 +157,13 @@ def test_every_correct_loss_passes(corpus, name):
     assert all(m.protection == "protects" and m.learning.learns for m in r.modes.values())
 
 
+@pytest.mark.parametrize("name", broken_losses.CORRECT)
+def test_every_correct_loss_passes_the_pytest_helper_on_other_seeds(name):
+    """As a user's CI runs it: assert_protects, on seeds the corpus run did not use."""
+    r = assert_protects(f"broken_losses:{name}", ["entropy_collapse", "length_bias"], seeds=4, seed_start=100)
+    assert r.learns and not r.contract
+
+
 @pytest.mark.parametrize("name", list(broken_losses.REFUSED))
 def test_every_unrunnable_loss_is_refused_in_one_line(name, capsys):
     """Exit 2 with the loss's name and its error, never an internal error (exit 70), under

@@ -469,6 +469,7 @@ def assert_protects(
     against: str | Sequence[str],
     *,
     seeds: int = 6,
+    seed_start: int = 0,
     overrides: dict[str, Any] | None = None,
     knobs: Sequence[str] | None = None,
     jobs: int | None = 1,
@@ -485,7 +486,14 @@ def assert_protects(
     """
     modes = [against] if isinstance(against, str) else list(against)
     (result,) = check(
-        [loss], seeds=seeds, modes=modes, overrides=overrides, claims=modes, knobs=knobs, jobs=jobs
+        [loss],
+        seeds=seeds,
+        seed_start=seed_start,
+        modes=modes,
+        overrides=overrides,
+        claims=modes,
+        knobs=knobs,
+        jobs=jobs,
     )
     if not result.passed:
         raise AssertionError(f"{result.loss.spec}: " + "; ".join(result.failures))
