@@ -157,6 +157,11 @@ class Learning:
     def skipped_share(self) -> float:
         return self.skipped / self.steps if self.steps else 0.0
 
+    @property
+    def skips(self) -> bool:
+        """More than :data:`MAX_SKIPPED_SHARE` of the steps skipped: a failure."""
+        return self.skipped_share > MAX_SKIPPED_SHARE
+
 
 @dataclass
 class ModeResult:
@@ -228,12 +233,12 @@ class LossResult:
                     f"{DOES_NOT_LEARN} on {m.mode}'s task: expected accuracy {_fmt_gain(iv)} over the run "
                     f"against no update ({block} seeds)"
                 )
-            if lg.skipped_share > MAX_SKIPPED_SHARE:
+            if lg.skips:
                 out.append(
                     f"skips {lg.skipped} of {lg.steps} optimizer steps ({lg.skipped_share:.0%}) in {m.mode}'s "
                     "runs: the loss or its gradient is not finite there"
                 )
-            if m.failed and m.protection != DOES_NOT_LEARN:
+            if m.failed and lg.learns:
                 out.append(f"claims to protect against {m.mode} but {m.protection}")
         return out
 
@@ -247,10 +252,7 @@ class LossResult:
             out.append("ignores " + ", ".join(self.ignored))
         for label, names in (
             (DOES_NOT_LEARN, [m.mode for m in self.modes.values() if not m.learning.learns]),
-            (
-                "skips steps",
-                [m.mode for m in self.modes.values() if m.learning.skipped_share > MAX_SKIPPED_SHARE],
-            ),
+            ("skips steps", [m.mode for m in self.modes.values() if m.learning.skips]),
             (
                 "does not protect",
                 [f"{m.mode} ({m.protection})" for m in self.modes.values() if m.failed and m.learning.learns],

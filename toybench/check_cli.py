@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from dapo.cliargs import UsageError
@@ -39,25 +40,17 @@ def _knob(item: str) -> tuple[str, Any]:
     return key, value
 
 
-def _names(text: str, option: str, allow_none: bool = False) -> list[str]:
+def _names(
+    text: str, option: str, choices: Sequence[str] = tuple(MODES), allow_none: bool = False
+) -> list[str]:
     if allow_none and text.strip().lower() == "none":
         return []
     names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in MODES]
+    bad = [n for n in names if n not in choices]
     if bad or not names:
         raise UsageError(
-            f"{option} {text!r}: choose from {', '.join(MODES)}" + (" or none" if allow_none else "")
+            f"{option} {text!r}: choose from {', '.join(choices)}" + (" or none" if allow_none else "")
         )
-    return names
-
-
-def _knob_names(text: str) -> list[str]:
-    if text.strip().lower() == "none":
-        return []
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in KNOBS]
-    if bad or not names:
-        raise UsageError(f"--knobs {text!r}: choose from {', '.join(KNOBS)} or none")
     return names
 
 
@@ -91,7 +84,7 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
     overrides = dict(_knob(item) for item in args.set)
     modes = _names(args.modes, "--modes")
     claims = None if args.claims is None else _names(args.claims, "--claims", allow_none=True)
-    knobs = None if args.knobs is None else _knob_names(args.knobs)
+    knobs = None if args.knobs is None else _names(args.knobs, "--knobs", KNOBS, allow_none=True)
     if os.getcwd() not in sys.path:  # `module:function` from the current directory, as pytest finds tests
         sys.path.insert(0, os.getcwd())
     specs = list(args.loss)

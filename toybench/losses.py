@@ -501,19 +501,16 @@ def probe_contract(loss: Loss, knobs: dict[str, Any] | None = None) -> dict[str,
     for advantage, want in ((1.0, -1.0), (-1.0, 1.0)):
         _, grad = _call(loss, knobs, _one_token(advantage))
         g = float(grad.sum())
-        if not math.isfinite(g):
-            out["gradient_sign"] = (
-                f"on one token at ratio 1 with advantage {advantage:+g}, d loss / d logp = {g}"
-            )
-        elif g * want <= 0:
+        if math.isfinite(g) and g * want > 0:
+            continue
+        line = f"on one token at ratio 1 with advantage {advantage:+g}, d loss / d logp = {g:+.3g}"
+        if math.isfinite(g):
             effect = (
                 "leave its log-prob where it is"
                 if g == 0
                 else ("lower" if g > 0 else "raise") + " its log-prob"
             )
-            out["gradient_sign"] = (
-                f"on one token at ratio 1 with advantage {advantage:+g}, d loss / d logp = {g:+.3g}: "
-                f"gradient descent would {effect} (the loss must be -J, to minimise)"
-            )
-            break
+            line += f": gradient descent would {effect} (the loss must be -J, to minimise)"
+        out["gradient_sign"] = line
+        break
     return out
