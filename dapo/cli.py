@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .cliargs import EXIT_USAGE, Parser, UsageError
+from .cliargs import EXIT_DEPENDENCY, EXIT_USAGE, DependencyError, Parser, UsageError
 
 # name -> (one-line help, "module:function" taking argv and returning an exit code,
 #          "module:function" returning the command's argparse parser, for --help and the fuzz test)
@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "toybench.cli:build_parser",
     ),
     "diagnose": (
-        "diagnose a run's metrics against reference curves",
+        "diagnose a run's health from its training log (this trainer's, verl's, TRL's, W&B, TensorBoard)",
         "dapo.health.cli:main",
         "dapo.health.cli:build_parser",
     ),
@@ -77,7 +77,6 @@ OPTIONAL = {
     "safetensors": "scale",
     "tokenizers": "scale",
     "yaml": "scale",
-    "tqdm": "scale",
     "vllm": "vllm",
 }
 
@@ -152,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"dapo {command}: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except DependencyError as err:
+        print(f"dapo {command}: {err}", file=sys.stderr)
+        return EXIT_DEPENDENCY
     except SystemExit as exit_:  # argparse (--help, a bad argument) inside the command
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     except ModuleNotFoundError as err:
@@ -163,12 +165,12 @@ def main(argv: list[str] | None = None) -> int:
             f"pip install 'dapo-repro[{OPTIONAL[top]}]'",
             file=sys.stderr,
         )
-        return 3
+        return EXIT_DEPENDENCY
     except ImportError as err:  # an engine that names the extra it needs (scale/engines)
         if "pip install" not in str(err):
             return _internal(command)
         print(f"dapo {command}: {str(err).splitlines()[0]}", file=sys.stderr)
-        return 3
+        return EXIT_DEPENDENCY
     except KeyboardInterrupt:
         print(f"dapo {command}: interrupted", file=sys.stderr)
         return 130

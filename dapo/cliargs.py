@@ -28,6 +28,16 @@ class UsageError(Exception):
     :func:`dapo.cli.main` prints ``prog: message`` and exits with :data:`EXIT_USAGE`."""
 
 
+EXIT_DEPENDENCY = 3
+"""Exit status when an optional dependency is missing or does not load."""
+
+
+class DependencyError(Exception):
+    """An installed package that the command needs is missing or broken; the message says
+    the command that fixes it. :func:`dapo.cli.main` prints it in one line and exits with
+    :data:`EXIT_DEPENDENCY`."""
+
+
 class Parser(argparse.ArgumentParser):
     """``argparse`` that reports a bad argument in one line (``prog: argument --x: why``)
     instead of the usage block followed by the error."""

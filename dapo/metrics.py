@@ -1,8 +1,8 @@
-"""The one metric schema shared by the toy regime, the scale trainer and ``dapo.health``.
+"""The producers of the one metric schema (:data:`dapo.schema.SCHEMA`, re-exported here)
+shared by the toy regime, the scale trainer and ``dapo.health``.
 
-One flat ``dict[str, float]`` per training step, written as a JSONL line. ``SCHEMA`` maps
-every name to its meaning; the producers below are the only places the values are
-computed. Fractions are in [0, 1]; NaN means "not defined this step" (e.g. no token was
+One flat ``dict[str, float]`` per training step, written as a JSONL line; the functions
+below are the only places the values are computed. Fractions are in [0, 1]; NaN means "not defined this step" (e.g. no token was
 up-clipped).
 """
 
@@ -13,80 +13,9 @@ import math
 import torch
 from torch import Tensor
 
-SCHEMA: dict[str, str] = {
-    "step": "training step (one rollout batch = one step; optimizer steps are counted apart)",
-    # rollout: over every response generated this step, before dynamic-sampling filtering
-    "rollout/accuracy": "fraction of responses whose answer is correct (Eq. 7)",
-    "rollout/reward_mean": "mean shaped reward (Eq. 7 + Eq. 13 penalty)",
-    "rollout/groups_all_correct": "fraction of groups with accuracy 1 (zero gradient; Fig. 3b)",
-    "rollout/groups_all_wrong": "fraction of groups with accuracy 0 (zero gradient)",
-    "rollout/length_mean": "mean response length in tokens (Fig. 7a)",
-    "rollout/length_max": "longest response length in tokens",
-    "rollout/length_correct_mean": "mean length of correct responses (NaN if none)",
-    "rollout/length_wrong_mean": "mean length of incorrect responses (NaN if none)",
-    "rollout/truncation_rate": "fraction of responses that hit the generation ceiling without EOS",
-    # dynamic sampling cost
-    "sampling/rounds": "generation rounds this step",
-    "sampling/generated_groups": "groups generated this step, all rounds",
-    "sampling/generated_tokens": "response tokens generated this step, all rounds",
-    "sampling/accepted_groups": "groups handed to the update",
-    "sampling/rejected_all_correct": "groups dropped because every response was correct",
-    "sampling/rejected_all_wrong": "groups dropped because every response was wrong",
-    "sampling/surplus_groups": "informative groups generated beyond the batch and dropped",
-    "sampling/underfilled": "1 if the round limit was hit before the batch was full, else 0",
-    "sampling/tokens_per_accepted_group": "generated tokens / accepted groups",
-    "sampling/accept_rate": "informative groups accepted / groups generated (all rounds, all ranks)",
-    "sampling/rank_token_imbalance": "largest rank's share of the batch's tokens / the mean share (1: balanced)",
-    "time/generate_s": "seconds spent generating (all rounds)",
-    "time/update_s": "seconds in the update (old log-probs + optimizer steps)",
-    "time/sync_s": "seconds syncing weights into the rollout engine",
-    "time/step_s": "seconds for the whole training step",
-    "actor/lr": "learning rate after this step's schedule update",
-    # actor: from the update
-    "actor/entropy": "mean per-token entropy of the full next-token distribution (Fig. 2b; first PPO epoch, steps taken)",
-    "actor/mean_prob": "mean probability of the sampled tokens under the sampling policy (Fig. 7d)",
-    "actor/clipfrac_upper": "fraction of loss tokens with A > 0 and ratio > 1 + eps_high (steps taken)",
-    "actor/clipfrac_lower": "fraction of loss tokens with A < 0 and ratio < 1 - eps_low (steps taken)",
-    "actor/dual_clipfrac": "fraction of loss tokens bounded by the dual clip (steps taken)",
-    "actor/upclip_old_prob": "mean old probability of up-clipped tokens (Fig. 3a; NaN if none)",
-    "actor/approx_kl": "k3 estimate of KL(pi_old || pi) over loss tokens (steps taken)",
-    "actor/loss": "mean policy loss per optimizer step",
-    "actor/grad_norm": "mean global gradient norm (before clipping) over optimizer steps",
-    "actor/grad_norm_max": "largest gradient norm of the step",
-    "actor/optimizer_steps": "optimizer steps taken this training step",
-    "actor/skipped_steps": "optimizer steps skipped for a non-finite loss or gradient",
-    "actor/empty_windows": "optimizer-step windows with no loss token (all filtered), not stepped",
-    "actor/loss_tokens": "tokens carrying loss weight (after overlong filtering)",
-    "actor/filtered_responses": "responses given zero weight by overlong filtering",
-    # rollout/trainer mismatch
-    "mismatch/logp_gap": "mean |old_logp - rollout_logp| over response tokens (engine vs trainer)",
-    "mismatch/logp_gap_max": "largest |old_logp - rollout_logp| over response tokens",
-    "mismatch/tis_weight_mean": "mean truncated importance weight",
-    "mismatch/tis_capped_frac": "fraction of tokens whose importance weight hit the cap",
-    # read from peers' logs by dapo diagnose (this project does not produce them)
-    "actor/ref_kl": "KL to the reference policy (TRL `kl`, verl `actor/kl_loss`; DAPO drops it)",
-    "rollout/groups_uniform": "fraction of groups whose rewards are all equal (TRL `frac_reward_zero_std`)",
-    "rollout/reward_std": "mean within-group standard deviation of the reward (TRL `reward_std`)",
-    "rollout/reward_max": "largest reward of the step (verl `critic/score/max`)",
-    "rollout/reward_min": "smallest reward of the step (verl `critic/score/min`)",
-    "rollout/advantage_abs_max": "largest |advantage| of the step (verl `critic/advantages/max`/`min`); 0: no signal",
-    # the trainer's live diagnosis (diagnose.every_steps; dapo.health.callback)
-    "health/verdict": "run verdict so far: 0 healthy, 1 warning, 2 failing, 3 inconclusive",
-    **{
-        f"health/{rule}": f"{rule} rule: -1 unknown, 0 healthy, 1 warning, 2 failing"
-        for rule in (
-            "entropy_collapse",
-            "entropy_explosion",
-            "vanishing_signal",
-            "not_learning",
-            "length_growth",
-            "truncation_noise",
-            "rollout_mismatch",
-            "kl_blowup",
-            "gradients",
-        )
-    },
-}
+from .schema import SCHEMA
+
+__all__ = ["SCHEMA", "masked_mean", "rollout_metrics", "rollout_stats"]
 
 
 def masked_mean(x: Tensor, mask: Tensor, dims: int = 1) -> Tensor:

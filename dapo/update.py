@@ -100,7 +100,7 @@ def update(
     one). ``generator`` shuffles groups between windows each epoch; None keeps batch
     order. ``loss_fn`` is the policy loss (any :class:`dapo.losses.PolicyLossFn`; it gets
     ``is_weights`` only when ``cfg.tis_cap`` is set). Returns the ``actor/*`` and
-    ``mismatch/*`` metrics of ``dapo.metrics.SCHEMA``.
+    ``mismatch/*`` metrics of ``dapo.schema.SCHEMA``.
     """
     out: dict[str, float] = {"actor/optimizer_steps": 0.0, "actor/skipped_steps": 0.0}
     if batch is None or batch.size == 0:

@@ -15,11 +15,13 @@ from dapo.cliargs import Float, Int, OutFile, Parser, Text, UsageError
 def config_arguments(p: argparse.ArgumentParser) -> None:
     """``--config`` and the ``section.field=value`` overrides (the config is checked by
     :func:`scale.config.load_for_cli` before any work)."""
+    from .config import presets
+
     p.add_argument(
         "--config",
         type=Text(),
         required=True,
-        help="a YAML file or a bundled preset: tiny-cpu, qwen2.5-32b-dapo",
+        help=f"a YAML file or a bundled preset: {', '.join(presets())}",
     )
     p.add_argument("overrides", type=Text(), nargs="*", help="section.field=value (value parsed as YAML)")
 
@@ -71,6 +73,9 @@ def train_main(argv: list[str] | None = None) -> int:
     if args.validate_only:
         _ensure_tiny(cfg, model=False)
         return _validate_data(cfg)
+    from .preflight import check_companions
+
+    check_companions()  # before anything is written
     gate = {"required": args.require_gate}
     if args.require_gate:
         from .gate import GateError, check
@@ -89,11 +94,14 @@ def train_main(argv: list[str] | None = None) -> int:
     quiet_engines(args.verbose)
     # One rank prepares the output directory (and the tiny preset's files). The others wait for
     # it in the process group's rendezvous, which rank 0 joins only after this.
-    if os.environ.get("RANK", "0") == "0":  # torchrun, accelerate and SLURM launches set RANK
+    out = Path(cfg.output.dir)
+    first_rank = os.environ.get("RANK", "0") == "0"  # torchrun, accelerate and SLURM launches set RANK
+    new_dir = False
+    if first_rank:
         if args.fresh:
-            _clear_previous_run(Path(cfg.output.dir))
-        Path(cfg.output.dir).mkdir(parents=True, exist_ok=True)
-        (Path(cfg.output.dir) / "gate.json").write_text(json.dumps(gate, indent=2, default=str))
+            _clear_previous_run(out)
+        new_dir = not out.exists()
+        out.mkdir(parents=True, exist_ok=True)
         _ensure_tiny(cfg)
     from .engines import EngineError
     from .rollout import RolloutDivergence
@@ -101,9 +109,18 @@ def train_main(argv: list[str] | None = None) -> int:
     from .trainer import Trainer
 
     preload_collective_modules()  # before accelerate creates the process group
+    started = False
     try:
-        trainer = Trainer(cfg, resume=args.resume, progress=not args.quiet)
-        trainer.train(args.steps)
+        try:
+            trainer = Trainer(cfg, resume=args.resume, progress=not args.quiet)
+            if first_rank:  # the run's record of the gate, once the run exists
+                (out / "gate.json").write_text(json.dumps(gate, indent=2, default=str))
+            started = True
+            trainer.train(args.steps)
+        except BaseException:
+            if new_dir and not started:  # a start that failed leaves no run behind
+                _forget_failed_start(out)
+            raise
     except (DataError, FileExistsError) as err:
         print(f"dapo train: {err}", file=sys.stderr)
         return 2
@@ -134,6 +151,16 @@ def train_main(argv: list[str] | None = None) -> int:
     if leaked:  # such a process can end in a SIGABRT at interpreter exit (scale/topology.py)
         print(f"dapo train: warning: gloo threads {leaked} outlived the process group", file=sys.stderr)
     return 0
+
+
+def _forget_failed_start(out: Path) -> None:
+    """Remove the output directory that a start which failed before its first step had
+    created (and only then: a run that existed before is left as it was), so that nothing of
+    it is taken for a run's state later (``--fresh``, ``--resume auto``)."""
+    import shutil
+
+    if not (out / "metrics.jsonl").exists() and not (out / "checkpoints").exists():
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def _clear_previous_run(out: Path) -> None:
@@ -257,13 +284,16 @@ def eval_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--k", type=Int(lo=1), default=32, help="samples per problem (default 32: avg@32)")
     p.add_argument(
-        "--temperature", type=Float(lo=0.0, lo_open=True, hi=10.0), default=1.0, help="sampling temperature"
+        "--temperature",
+        type=Float(lo=0.0, lo_open=True, hi=10.0),
+        default=1.0,
+        help="sampling temperature (default 1.0)",
     )
     p.add_argument(
         "--top-p",
         type=Float(lo=0.0, lo_open=True, hi=1.0),
         default=0.7,
-        help="nucleus sampling (the paper: 0.7)",
+        help="nucleus sampling (default 0.7, the paper's)",
     )
     p.add_argument(
         "--max-new-tokens",
@@ -273,13 +303,17 @@ def eval_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--engine", choices=["vllm", "hf"], default="vllm", help="vLLM (default) or transformers")
     p.add_argument(
-        "--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16", help="model dtype"
+        "--dtype",
+        choices=["bfloat16", "float16", "float32"],
+        default="bfloat16",
+        help="model dtype (default bfloat16)",
     )
     p.add_argument(
         "--template",
         choices=["dapo", "none"],
         default="dapo",
-        help="dapo: wrap problems in the paper's 'Answer:' instruction; none: prompts as they are",
+        help="dapo (the default): wrap problems in the paper's 'Answer:' instruction; none: prompts as "
+        "they are",
     )
     p.add_argument(
         "--chat-template",
@@ -346,27 +380,31 @@ def _generate(args: argparse.Namespace, tok: Any, prompts: list[list[int]]) -> l
             gpu_memory_utilization=args.gpu_memory_utilization,
             seed=args.seed,
         )
-    from tqdm.auto import tqdm
+    from dapo.progress import Progress
 
     gens = []
-    with tqdm(total=len(prompts), desc="dapo eval", unit="problem", disable=args.quiet) as bar:
-        for i in range(0, len(prompts), EVAL_CHUNK):  # chunks only for the progress bar
-            chunk = prompts[i : i + EVAL_CHUNK]
-            gens += engine.generate(
-                chunk,
-                n=args.k,
-                max_tokens=args.max_new_tokens,
-                temperature=args.temperature,
-                top_p=args.top_p,
-                seed=args.seed + i,
-            )
-            bar.update(len(chunk))
+    bar = Progress(len(prompts), "dapo eval (problems)", enabled=not args.quiet)
+    for i in range(0, len(prompts), EVAL_CHUNK):  # chunks only for the progress bar
+        chunk = prompts[i : i + EVAL_CHUNK]
+        gens += engine.generate(
+            chunk,
+            n=args.k,
+            max_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            seed=args.seed + i,
+        )
+        bar.update(i + len(chunk))
+    bar.close()
     return gens
 
 
 def eval_main(argv: list[str] | None = None) -> int:
     args = eval_parser().parse_args(argv)
     _check_model(args.model)
+    from .preflight import check_companions
+
+    check_companions()
     chat_template: bool | str = args.chat_template
     if args.chat_template.strip().lower() in ("true", "false"):
         chat_template = args.chat_template.strip().lower() == "true"
@@ -466,6 +504,9 @@ def export_main(argv: list[str] | None = None) -> int:
     path = Path(args.checkpoint)
     if not path.is_dir():
         raise UsageError(f"checkpoint: no such directory: {args.checkpoint!r}")
+    from .preflight import check_companions
+
+    check_companions()
     quiet_engines(False)
     from .checkpoint import export
     from .sharding import dtype

@@ -269,8 +269,9 @@ class RunConfig:
             raise ConfigError("train.warmup_steps", "must be >= 0")
         if self.gen_groups < 1:
             raise ConfigError("rollout.gen_groups", "must be >= 1")
-        if not 0 < self.rollout.top_p <= 1 or not 0 < self.eval.top_p <= 1:
-            raise ConfigError("rollout.top_p", "top_p must lie in (0, 1]")
+        for name, top_p in (("rollout.top_p", self.rollout.top_p), ("eval.top_p", self.eval.top_p)):
+            if not 0 < top_p <= 1:
+                raise ConfigError(name, f"must lie in (0, 1] (got {top_p})")
         if self.eval.temperature <= 0:
             raise ConfigError("eval.temperature", "must be > 0")
         if self.rollout.temperature != 1.0 or self.rollout.top_p != 1.0:
@@ -343,7 +344,9 @@ def _build(cls, values: Any, section: str):
     known = {f.name: f for f in dataclasses.fields(cls)}
     for key in values:
         if key not in known:
-            raise ConfigError(f"{section}.{key}", f"unknown field; known: {sorted(known)}")
+            raise ConfigError(
+                f"{section}.{key}", f"unknown field{_did_you_mean(key, list(known))}; known: {sorted(known)}"
+            )
     missing = [
         n
         for n, f in known.items()
@@ -370,7 +373,11 @@ def from_dict(values: dict[str, Any], source: str = "config") -> RunConfig:
         raise ConfigError("<root>", f"{source}: the file must hold a mapping of sections")
     unknown = sorted(set(values) - set(_SECTIONS) - {"algo"})
     if unknown:
-        raise ConfigError(unknown[0], f"unknown section in {source}; known: algo, {', '.join(_SECTIONS)}")
+        raise ConfigError(
+            unknown[0],
+            f"unknown section in {source}{_did_you_mean(unknown[0], ['algo', *_SECTIONS])}; "
+            f"known: algo, {', '.join(_SECTIONS)}",
+        )
     for required in ("algo", "model", "data"):
         if required not in values:
             raise ConfigError(required, f"section missing in {source}")
@@ -388,25 +395,62 @@ def from_dict(values: dict[str, Any], source: str = "config") -> RunConfig:
     return cfg
 
 
+def _known_fields() -> dict[str, list[str]]:
+    """Section -> its field names (``algo`` included)."""
+    classes = {"algo": AlgoConfig, **_SECTIONS}
+    return {name: [f.name for f in dataclasses.fields(cls)] for name, cls in classes.items()}
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``section.field=value`` (value parsed as YAML) applied to a raw config mapping."""
+    """``section.field=value`` (value parsed as YAML) applied to a raw config mapping. A
+    section or field that does not exist is refused here, as a command-line mistake (with the
+    closest name), before the file's own contents are checked."""
     import yaml
 
+    known = _known_fields()
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in values.items()}
     for item in overrides:
         if "=" not in item or "." not in item.split("=", 1)[0]:
-            raise ConfigError(item, "overrides look like section.field=value")
+            raise ConfigError(item, "command-line override: expected section.field=value")
         key, raw = item.split("=", 1)
         section, name = key.split(".", 1)
+        said = f"command-line override {item!r}"
+        if section not in known:
+            raise ConfigError(
+                key,
+                f"{said}: unknown section {section!r}{_did_you_mean(section, list(known))}; "
+                f"sections: {', '.join(known)}",
+            )
+        if name not in known[section]:
+            raise ConfigError(
+                key,
+                f"{said}: {section} has no field {name!r}{_did_you_mean(name, known[section])}; "
+                f"its fields: {', '.join(known[section])}",
+            )
         out.setdefault(section, {})
         if not isinstance(out[section], dict):
             raise ConfigError(section, "is not a section")
-        out[section][name] = yaml.safe_load(raw)
+        try:
+            out[section][name] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ConfigError(key, f"{said}: the value is not valid YAML") from None
     return out
 
 
+def presets() -> list[str]:
+    """The bundled presets' names (``scale/configs/*.yaml``)."""
+    return sorted(q.stem for q in PRESET_DIR.glob("*.yaml"))
+
+
 def resolve_path(name_or_path: str) -> Path:
-    """A YAML file path, or the name of a bundled preset (``tiny-cpu``, ``qwen2.5-32b-dapo``)."""
+    """A YAML file path, or the name of a bundled preset (:func:`presets`)."""
     p = Path(name_or_path)
     if p.is_file():
         return p
@@ -415,8 +459,7 @@ def resolve_path(name_or_path: str) -> Path:
         return preset
     raise ConfigError(
         "config",
-        f"no such file or preset: {name_or_path!r} (presets: "
-        f"{', '.join(sorted(q.stem for q in PRESET_DIR.glob('*.yaml')))})",
+        f"no such file or preset: {name_or_path!r} (presets: {', '.join(presets())})",
     )
 
 
@@ -432,10 +475,12 @@ def load(name_or_path: str, overrides: list[str] | None = None) -> RunConfig:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError("config", f"{where}: not valid YAML ({problem})") from None
     values = apply_overrides(values or {}, overrides or [])
+    given = {item.split("=", 1)[0]: item for item in overrides or []}
     try:
         return from_dict(values, source=str(path))
-    except ConfigError as err:
-        raise ConfigError(err.field, f"{err.message} (in {path})") from None
+    except ConfigError as err:  # blame where the value came from: the command line or the file
+        where = f"command-line override {given[err.field]!r}" if err.field in given else f"in {path}"
+        raise ConfigError(err.field, f"{err.message} ({where})") from None
 
 
 def load_for_cli(prog: str, name_or_path: str, overrides: list[str] | None = None) -> RunConfig | None:

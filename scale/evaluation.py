@@ -59,6 +59,21 @@ def _bootstrap(values: np.ndarray, seed: int = 0, n: int = 2000) -> tuple[float,
     return float(lo), float(hi)
 
 
+def eval_line(metrics: dict[str, float]) -> str:
+    """The console line of an evaluation (:func:`summarize`'s metrics): each score with its
+    95% interval, e.g. ``eval on 30 problems: avg@32 0.412 [0.301, 0.522], pass@1 ...``."""
+    names = [
+        k[len("eval/") :]
+        for k in metrics
+        if k.startswith("eval/") and "@" in k and not k.endswith(("_lo", "_hi"))
+    ]
+    parts = [
+        f"{n} {metrics[f'eval/{n}']:.3f} [{metrics[f'eval/{n}_lo']:.3f}, {metrics[f'eval/{n}_hi']:.3f}]"
+        for n in names
+    ]
+    return f"eval on {metrics.get('eval/problems', 0):.0f} problems: " + ", ".join(parts)
+
+
 def summarize(results: Sequence[ProblemResult], ks: Sequence[int] | None = None) -> dict[str, float]:
     """``eval/avg@k``, ``eval/pass@j`` for j in ``ks`` (default 1, k), ``eval/cons@k``, each
     with ``_lo`` / ``_hi`` 95% bootstrap bounds over problems."""

@@ -126,13 +126,27 @@ def check(cfg, gate_dir: Path = GATE_DIR) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     from dapo.cliargs import InFile, Parser, Text
 
+    from .config import presets
+
     ap = Parser(prog="dapo gate", description="The toy gate in front of full-scale runs.")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="{write,check}")
-    w = sub.add_parser("write", help="record that the toy checks passed for this commit and config")
-    c = sub.add_parser("check", help="exit 0 only if a gate matches this commit and config")
+    w = sub.add_parser(
+        "write",
+        help="record that the toy checks passed for this commit and config",
+        description="Record, under runs/gate/, that every toy claim held for this commit and this "
+        "config's algo section (refused when a claim failed).",
+    )
+    c = sub.add_parser(
+        "check",
+        help="exit 0 only if a gate matches this commit and config",
+        description="Exit 0 only if a toy gate was written for this commit and this config's algo section.",
+    )
     for q in (w, c):
         q.add_argument(
-            "--config", type=Text(), required=True, help="a YAML file or preset; its algo section is hashed"
+            "--config",
+            type=Text(),
+            required=True,
+            help=f"a YAML file or a bundled preset ({', '.join(presets())}); its algo section is hashed",
         )
     w.add_argument(
         "--toy-summary",

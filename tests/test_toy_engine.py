@@ -243,7 +243,7 @@ def test_split_ids_is_tensor_split():
 def test_progress_bar_on_a_terminal_and_in_a_log():
     import io
 
-    from toybench.progress import Progress
+    from dapo.progress import Progress
 
     out = io.StringIO()
     bar = Progress(10, "toy runs", delay=0.0, stream=out, force=True)
@@ -267,6 +267,17 @@ def test_progress_bar_on_a_terminal_and_in_a_log():
     bar.update(5)
     bar.close()
     assert off.getvalue() == ""
+    status = io.StringIO()  # a status and a resumed start: the time left counts the work since
+    bar = Progress(10, "dapo train", delay=0.0, stream=status, log_every=0.0, start=5)
+    bar.update(6, "acc=0.500")
+    assert status.getvalue().startswith("dapo train: 60% (6/10) after 0 s, ~") and status.getvalue().endswith(
+        " s left acc=0.500\n"
+    )
+    term = io.StringIO()  # clear() erases a drawn bar before a line is printed under it
+    bar = Progress(10, "dapo train", delay=0.0, stream=term, force=True)
+    bar.update(3, "acc=0.1")
+    bar.clear()
+    assert term.getvalue().endswith("\r\x1b[K") and "acc=0.1" in term.getvalue()
     late = io.StringIO()  # short runs draw nothing before the delay
     bar = Progress(10, "toy runs", delay=60.0, stream=late, force=True)
     bar.update(3)

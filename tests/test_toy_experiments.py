@@ -166,3 +166,19 @@ def test_cli_rejects_bad_arguments(capsys):
     assert main(["toy", "ladder", "--seed-start", "-3"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "dapo toy ladder: argument --seed-start: must be >= 0, got -3 (see dapo toy ladder --help)"
+
+
+def test_table_never_cuts_a_contrast_name(results):
+    """Each contrast's name is in the printed table whole (wrapped at words), not cut mid-word
+    at the column's width."""
+    import textwrap
+
+    from toybench.output import NAME_WIDTH, format_table
+
+    every = list(results.values())
+    table = format_table(every)
+    for r in every:
+        for c in r.contrasts:
+            for piece in textwrap.wrap(c.contrast.name, NAME_WIDTH):
+                assert piece in table, (c.contrast.name, piece)
+    assert any(len(c.contrast.name) > NAME_WIDTH for r in every for c in r.contrasts)  # the case exists

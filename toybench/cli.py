@@ -13,7 +13,14 @@ from dapo.cliargs import Int, OutDir, OutFile, Parser, Text, UsageError
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="dapo toy", description="Toy regime: DAPO's failure modes on a CPU.")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="{run,list,check,ladder,factorial,health}")
-    run = sub.add_parser("run", help="run experiments and print their verdicts")
+    run = sub.add_parser(
+        "run",
+        help="run experiments and print their verdicts",
+        description="Run failure-mode experiments (paired seeds, a discovery and a confirmation block) "
+        "and print each arm's verdict against the paper's claim.",
+        epilog="exit status: 0 the experiments ran, whatever their verdicts (those are in the table and "
+        "summary.json; `dapo gate write` refuses a summary with a failed claim); 2 bad input.",
+    )
     run.add_argument("experiment", type=Text(), help="an experiment name (see `dapo toy list`) or `all`")
     _seed_args(run, 10)
     _common(run, "runs/toy")
@@ -39,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--brief", action="store_true", help="print only the verdicts (the full table goes to summary.json)"
     )
-    sub.add_parser("list", help="list the experiments")
+    sub.add_parser(
+        "list", help="list the experiments", description="List the failure-mode experiments and their arms."
+    )
     c = sub.add_parser(
         "check",
         help="does a policy loss protect against each failure mode? (this project's, verl's, TRL's or yours)",
@@ -105,13 +114,18 @@ def build_parser() -> argparse.ArgumentParser:
         ("ladder", "the six Table-1 presets in order on the composite task", 10),
         ("factorial", "all 2^5 combinations of the five techniques", 5),
     ):
-        q = sub.add_parser(name, help=help_)
+        q = sub.add_parser(name, help=help_, description=help_[0].upper() + help_[1:] + ".")
         _seed_args(q, seeds)
         _common(q, f"runs/{name}", f"; the committed report: --out reports/{name}")
         q.add_argument(
             "--steps", type=Int(lo=1), default=None, help="override the 150-step horizon (exploration only)"
         )
-    h = sub.add_parser("health", help="diagnose toy runs with known failure modes (confusion matrix)")
+    h = sub.add_parser(
+        "health",
+        help="diagnose toy runs with known failure modes (confusion matrix)",
+        description="Run toy cases whose failure mode is known, diagnose each with `dapo diagnose`'s "
+        "rules, and write the confusion matrix of rule verdicts against the truth.",
+    )
     h.add_argument(
         "--seeds", type=Int(lo=1), default=10, help="seeds per case (default 10; one block, verdict counts)"
     )
@@ -143,9 +157,9 @@ def _seed_args(p: argparse.ArgumentParser, default: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # before any torch import: --help stays instant
     from .experiments import REGISTRY
 
-    args = build_parser().parse_args(argv)
     if args.cmd in ("ladder", "factorial"):
         return _ladder(args, argv)
     if args.cmd == "health":

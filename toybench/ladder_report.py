@@ -13,7 +13,7 @@ from dapo import PRESETS, SWITCHES
 from . import ladder as L
 from .experiment import ExperimentResult
 from .output import write_metrics
-from .plots import plotting_available
+from .plots import draw_arms, legend_below, plotting_available
 
 
 def _fmt(x: float) -> str:
@@ -131,15 +131,15 @@ def _ladder_figure(result: ExperimentResult, out: Path) -> str:
     df = pd.DataFrame(rows)
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
     for ax, y in zip(axes[:2], ("accuracy", "entropy")):
-        sns.lineplot(data=df, x="step", y=y, hue="rung", errorbar=("se", 1.96), ax=ax)
-        ax.legend(fontsize=6)
+        draw_arms(ax, df, "step", y, "rung", list(result.logs))
+        ax.set_title(y, fontsize=9)
     fin = pd.DataFrame(
         [{"rung": r, "accuracy": v} for r in PRESETS for v in result.summaries["accuracy_final"][r]]
     )
     sns.pointplot(data=fin, x="rung", y="accuracy", errorbar=("ci", 95), n_boot=500, seed=0, ax=axes[2])
     axes[2].tick_params(axis="x", rotation=30)
     axes[2].set_title("final accuracy per rung", fontsize=9)
-    fig.tight_layout()
+    legend_below(fig, list(axes[:2]))
     fig.savefig(out / "ladder.png", dpi=100)
     plt.close(fig)
     return "ladder.png"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,10 @@ def _block_label(result: ExperimentResult) -> str:
     return ", ".join(f"{name} seeds {m[0]}..{m[-1]}" for name, m in result.blocks.items())
 
 
+NAME_WIDTH = 58
+"""Characters of a contrast's name per line of the table."""
+
+
 def format_table(results: list[ExperimentResult]) -> str:
     """Each contrast's mean and 95% interval on every seed block, and the verdict: the
     block verdict where the blocks agree, ``fragile`` where they do not."""
@@ -108,7 +113,7 @@ def format_table(results: list[ExperimentResult]) -> str:
         lines.append(f"\n== {e.name}: {e.title}")
         lines.append(f"   {e.paper}; {_block_label(r)}; horizon {e.steps} steps, {r.policy} policy")
         head = "".join(f" {name[:12] + ' (mean, 95% CI)':>33}" for name in names)
-        lines.append(f"   {'role':<9} {'contrast (b - a)':<58}{head}  verdict")
+        lines.append(f"   {'role':<9} {'contrast (b - a)':<{NAME_WIDTH}}{head}  verdict")
         for c in r.contrasts:
             cells = ""
             for name in names:
@@ -117,7 +122,10 @@ def format_table(results: list[ExperimentResult]) -> str:
             verdict = c.verdict
             if c.fragile:
                 verdict += " (" + " / ".join(c.blocks[n].verdict for n in names) + ")"
-            lines.append(f"   {c.contrast.role:<9} {c.contrast.name[:58]:<58}{cells}  {verdict}")
+            # a long name wraps at a word onto the lines below, never cut
+            first, *rest = textwrap.wrap(c.contrast.name, NAME_WIDTH) or [""]
+            lines.append(f"   {c.contrast.role:<9} {first:<{NAME_WIDTH}}{cells}  {verdict}")
+            lines += [f"   {'':<9} {more}" for more in rest]
     lines.append("\n== verdicts (primary contrasts; reproduced = on every seed block)")
     for r in results:
         p = r.primary

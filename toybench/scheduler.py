@@ -20,8 +20,9 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dapo.progress import Progress
+
 from .losses import LossSpecError
-from .progress import Progress
 from .runner import RunSpec, train
 
 Log = list[dict[str, float]]

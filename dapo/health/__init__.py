@@ -1,6 +1,6 @@
 """Training health: one rule per failure mode, over the metrics a run logged.
 
-A run is a list of metric dicts (the :data:`dapo.metrics.SCHEMA` names, one per logged step,
+A run is a list of metric dicts (the :data:`dapo.schema.SCHEMA` names, one per logged step,
 ordered by ``step``). :func:`diagnose` applies every rule and returns one :class:`Finding`
 per rule: ``healthy``, ``warning``, ``failing`` or ``unknown`` (not logged, or too few steps),
 the step where the problem started, the evidence, and what to change. :func:`verdict` gives

@@ -1,5 +1,5 @@
 """The trainer's live diagnosis (``diagnose.every_steps``): every N steps, the verdicts on the
-history so far, as ``health/*`` metrics in the step's own row (:data:`dapo.metrics.SCHEMA`)."""
+history so far, as ``health/*`` metrics in the step's own row (:data:`dapo.schema.SCHEMA`)."""
 
 from __future__ import annotations
 

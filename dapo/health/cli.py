@@ -58,14 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-figures",
         type=Int(lo=0),
         default=12,
-        help="figures for at most this many runs (the report says so)",
+        help="figures for at most this many runs (default 12; the report says so)",
     )
     p.add_argument(
         "--reference",
         type=Text(),
         default="paper",
         help="reference bands for the figures (drawn only where the run is in their units): 'paper' (Fig. 7 "
-        "shapes), 'none', or a JSON file {metric: {source, progress, low, high, note?}}",
+        "shapes; the default), 'none', or a JSON file {metric: {source, progress, low, high, note?}}",
     )
     p.add_argument(
         "--fail-on",
@@ -95,7 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--follow", action="store_true", help="keep re-reading the log; print a line when a verdict changes"
     )
     p.add_argument(
-        "--interval", type=Float(lo=0, lo_open=True), default=10.0, help="--follow: seconds between reads"
+        "--interval",
+        type=Float(lo=0, lo_open=True),
+        default=10.0,
+        help="--follow: seconds between reads (default 10)",
     )
     p.add_argument(
         "--until-idle",

@@ -1,6 +1,6 @@
 """A metric over training steps, and the step-based windows the rules judge it by.
 
-A run is a list of metric dicts (:data:`dapo.metrics.SCHEMA` names plus ``step``), sorted by
+A run is a list of metric dicts (:data:`dapo.schema.SCHEMA` names plus ``step``), sorted by
 step. Values may be non-finite (a NaN loss is evidence); :func:`series` keeps only finite
 ones and :func:`nonfinite_steps` counts the rest.
 """

@@ -1,6 +1,6 @@
 """Reading training logs as printed or exported by this project, verl, TRL, OpenRLHF, W&B and
 TensorBoard: one module per format, detected from the file. Every reader gives raw rows; the
-names are mapped onto :data:`dapo.metrics.SCHEMA` here, once, by :mod:`.names`.
+names are mapped onto :data:`dapo.schema.SCHEMA` here, once, by :mod:`.names`.
 
 A log that is still being written may end in a partial line: it is skipped (and said). Any
 other malformed line is an error that names the file and the line.

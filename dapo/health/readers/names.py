@@ -1,4 +1,4 @@
-"""Peers' metric names -> :data:`dapo.metrics.SCHEMA`. One vocabulary for every reader: a name
+"""Peers' metric names -> :data:`dapo.schema.SCHEMA`. One vocabulary for every reader: a name
 means the same in every log that uses it, so the framework need not be known. W&B and
 TensorBoard prefix TRL's and OpenRLHF's names with ``train/``; the prefix is stripped when the
 rest is a known name."""
@@ -9,7 +9,7 @@ import math
 import re
 from typing import Any
 
-from ...metrics import SCHEMA
+from ...schema import SCHEMA
 
 VERL = {
     "actor/entropy": "actor/entropy",

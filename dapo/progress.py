@@ -1,4 +1,6 @@
-"""A dependency-free progress bar on stderr for runs longer than a couple of seconds."""
+"""A dependency-free progress bar on stderr for runs longer than a couple of seconds: the
+toy runs, ``dapo train`` and ``dapo eval`` share it, so that a redirected log gets plain
+lines and never a carriage-return frame."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ from typing import TextIO
 
 
 class Progress:
-    """``Progress(total, label)``; ``update(done)`` with the absolute count; ``close()``.
+    """``Progress(total, label)``; ``update(done, status)`` with the absolute count and an
+    optional short status (``acc=0.41 ent=0.32``); ``close()``. ``start`` is where a resumed
+    run begins: the time left is estimated from the work done since.
 
     Draws nothing for the first ``delay`` seconds (short runs stay quiet) and nothing when
     ``enabled`` is False. On a terminal (or with ``force``) it redraws one bar at most every
@@ -25,8 +29,11 @@ class Progress:
         stream: TextIO | None = None,
         force: bool = False,
         log_every: float = 30.0,
+        start: int = 0,
     ):
         self.total = max(1, total)
+        self.start = min(max(0, start), self.total)
+        self.status = ""
         self.label = label
         self.stream = stream or sys.stderr
         self.tty = force or getattr(self.stream, "isatty", lambda: False)()
@@ -36,10 +43,16 @@ class Progress:
         self.t0 = time.perf_counter()
         self.last = 0.0
         self.drawn = False
-        self.done = 0
+        self.done = self.start
 
-    def update(self, done: int) -> None:
+    def _eta(self, elapsed: float) -> str:
+        worked = (self.done - self.start) / self.total
+        left = (self.total - self.done) / self.total
+        return f", ~{elapsed / worked * left:.0f} s left" if worked > 0 and left > 0 else ""
+
+    def update(self, done: int, status: str = "") -> None:
         self.done = min(done, self.total)
+        self.status = f" {status}" if status else ""
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -50,9 +63,9 @@ class Progress:
                 self.last = now
                 elapsed = now - self.t0
                 frac = self.done / self.total
-                eta = f", ~{elapsed / frac - elapsed:.0f} s left" if frac > 0 else ""
                 self.stream.write(
-                    f"{self.label}: {frac:.0%} ({self.done}/{self.total}) after {elapsed:.0f} s{eta}\n"
+                    f"{self.label}: {frac:.0%} ({self.done}/{self.total}) after {elapsed:.0f} s"
+                    f"{self._eta(elapsed)}{self.status}\n"
                 )
                 self.stream.flush()
             return
@@ -63,13 +76,22 @@ class Progress:
         width = 30
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
         elapsed = now - self.t0
-        eta = f", ~{elapsed / frac - elapsed:.0f} s left" if 0 < frac < 1 else ""
-        self.stream.write(f"\r{self.label} [{bar}] {frac:4.0%} {elapsed:.0f} s{eta}   ")
+        self.stream.write(
+            f"\r{self.label} [{bar}] {frac:4.0%} {self.done}/{self.total} {elapsed:.0f} s"
+            f"{self._eta(elapsed)}{self.status}   "
+        )
         self.stream.flush()
         self.drawn = True
 
+    def clear(self) -> None:
+        """Erase a bar drawn on a terminal, so that a line printed next starts clean (the next
+        update draws the bar again)."""
+        if self.drawn and self.tty and self.enabled:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
     def close(self) -> None:
         if self.drawn and self.tty:
-            self.update(self.done)
+            self.update(self.done, self.status.strip())
             self.stream.write("\n")
             self.stream.flush()
