@@ -59,6 +59,7 @@ def train_parser() -> argparse.ArgumentParser:
 
 def train_main(argv: list[str] | None = None) -> int:
     args = train_parser().parse_args(argv)
+    quiet_environment(args.verbose)  # before anything imports torch
     if args.fresh and args.resume:
         raise UsageError("--fresh deletes the run that --resume would continue; give one of them")
 
@@ -75,6 +76,7 @@ def train_main(argv: list[str] | None = None) -> int:
         return _validate_data(cfg)
     from .preflight import check_companions
 
+    quiet_engines(args.verbose)
     check_companions()  # before anything is written
     gate = {"required": args.require_gate}
     if args.require_gate:
@@ -91,7 +93,6 @@ def train_main(argv: list[str] | None = None) -> int:
                 return 5
             print(f"WARNING: STARTING WITHOUT A MATCHING TOY GATE (--force): {err}", file=sys.stderr)
             gate.update({"forced": True, "reason": str(err)})
-    quiet_engines(args.verbose)
     # One rank prepares the output directory (and the tiny preset's files). The others wait for
     # it in the process group's rendezvous, which rank 0 joins only after this.
     out = Path(cfg.output.dir)
@@ -178,17 +179,29 @@ def _clear_previous_run(out: Path) -> None:
     shutil.rmtree(out)
 
 
-def quiet_engines(verbose: bool) -> None:
-    """Engine logs off unless ``--verbose``: vLLM's INFO lines and the per-sync weight-loading
-    notices that read like failures (``Failed to load weights``), transformers' warnings."""
-    import logging
-    import warnings
-
+def quiet_environment(verbose: bool) -> None:
+    """The engines' log settings that are read from the environment when a library loads, so
+    set before torch is imported (the first thing a command does after parsing): vLLM's log
+    level; unless ``--verbose``, torch's C++ warnings (vLLM-CPU's "NUMA binding: Using
+    MEMBIND policy" notice), transformers' verbosity and the hub's progress bars."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "ERROR")
     if verbose:
         return
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def quiet_engines(verbose: bool) -> None:
+    """Engine logs off unless ``--verbose``: vLLM's INFO lines and the per-sync weight-loading
+    notices that read like failures (``Failed to load weights``), transformers' warnings,
+    torch's C++ warnings (:func:`quiet_environment` first)."""
+    import logging
+    import warnings
+
+    quiet_environment(verbose)
+    if verbose:
+        return
     for name in ("vllm", "transformers", "accelerate", "torch.distributed"):
         logging.getLogger(name).setLevel(logging.ERROR)
     for module in ("vllm", "transformers", "accelerate", "torch"):  # deprecation notices of the stack
@@ -401,9 +414,11 @@ def _generate(args: argparse.Namespace, tok: Any, prompts: list[list[int]]) -> l
 
 def eval_main(argv: list[str] | None = None) -> int:
     args = eval_parser().parse_args(argv)
+    quiet_environment(args.verbose)  # before anything imports torch
     _check_model(args.model)
     from .preflight import check_companions
 
+    quiet_engines(args.verbose)
     check_companions()
     chat_template: bool | str = args.chat_template
     if args.chat_template.strip().lower() in ("true", "false"):
@@ -421,7 +436,6 @@ def eval_main(argv: list[str] | None = None) -> int:
         prepare_problems(args.data, template=args.template, chat_template=False)
     except (DataError, FileNotFoundError) as err:
         raise UsageError(f"--data: {err}") from None
-    quiet_engines(args.verbose)
 
     from transformers import AutoTokenizer
 
@@ -506,8 +520,8 @@ def export_main(argv: list[str] | None = None) -> int:
         raise UsageError(f"checkpoint: no such directory: {args.checkpoint!r}")
     from .preflight import check_companions
 
-    check_companions()
     quiet_engines(False)
+    check_companions()
     from .checkpoint import export
     from .sharding import dtype
 
