@@ -5,6 +5,7 @@ virtual environment existed). Writes benchmarks/results/readme_times.json.
 
     python benchmarks/readme_times.py                 # from a fresh clone: ~8 min on 2 cores
     python benchmarks/readme_times.py --only toy_run_all
+    python benchmarks/readme_times.py --only nox_tests --repeats 1   # after .ci/run made .nox/tests
 
 Run it from the repository root of a fresh clone, on an otherwise idle machine, to reproduce
 the README's figures; under a shared load, wall times grow while CPU times stay close (the
@@ -56,7 +57,10 @@ STEPS: dict[str, tuple[str, list[str]]] = {
         "`dapo toy ladder --seeds 10`",
         [str(TOY_BIN / "dapo"), "toy", "ladder", "--seeds", "10", "--out", "runs/ladder", "--quiet"],
     ),
+    # not run by default (~8 minutes): --only nox_tests, once .ci/run has made .nox/tests
+    "nox_tests": ("`nox -s tests` with .nox/tests in place", [*NOX, "-s", "tests"]),
 }
+DEFAULT = ("nox_toy_install", "nox_toy", "toy_run_all", "toy_ladder")
 
 
 def _children_cpu() -> float:
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if not Path("noxfile.py").is_file():
         raise SystemExit("run it from the repository root")
     rows = {}
-    for name in args.only or list(STEPS):
+    for name in args.only or DEFAULT:
         what, command = STEPS[name]
         runs = []
         for _ in range(args.repeats):
