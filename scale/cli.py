@@ -110,18 +110,16 @@ def train_main(argv: list[str] | None = None) -> int:
     from .trainer import Trainer
 
     preload_collective_modules()  # before accelerate creates the process group
-    started = False
     try:
         try:
             trainer = Trainer(cfg, resume=args.resume, progress=not args.quiet)
             if first_rank:  # the run's record of the gate, once the run exists
                 (out / "gate.json").write_text(json.dumps(gate, indent=2, default=str))
-            started = True
-            trainer.train(args.steps)
         except BaseException:
-            if new_dir and not started:  # a start that failed leaves no run behind
+            if new_dir:  # a start that failed leaves no run behind
                 _forget_failed_start(out)
             raise
+        trainer.train(args.steps)
     except (DataError, FileExistsError) as err:
         print(f"dapo train: {err}", file=sys.stderr)
         return 2
@@ -416,10 +414,6 @@ def eval_main(argv: list[str] | None = None) -> int:
     args = eval_parser().parse_args(argv)
     quiet_environment(args.verbose)  # before anything imports torch
     _check_model(args.model)
-    from .preflight import check_companions
-
-    quiet_engines(args.verbose)
-    check_companions()
     chat_template: bool | str = args.chat_template
     if args.chat_template.strip().lower() in ("true", "false"):
         chat_template = args.chat_template.strip().lower() == "true"
@@ -436,7 +430,10 @@ def eval_main(argv: list[str] | None = None) -> int:
         prepare_problems(args.data, template=args.template, chat_template=False)
     except (DataError, FileNotFoundError) as err:
         raise UsageError(f"--data: {err}") from None
+    from .preflight import check_companions
 
+    quiet_engines(args.verbose)
+    check_companions()
     from transformers import AutoTokenizer
 
     from .engines import EngineError

@@ -566,7 +566,7 @@ class Trainer:
         history = []
         from dapo.progress import Progress
 
-        # a bar on a terminal, a plain line every 30 s in a redirected log
+        # a bar on a terminal; in a redirected log a plain line per step, at most one per 30 s
         bar = Progress(end, "dapo train", enabled=self.acc.is_main_process and self.progress, start=self.step)
         while self.step < end:
             m = self._reduce_metrics(self.train_step())
