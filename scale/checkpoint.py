@@ -111,6 +111,10 @@ def save(
     return final
 
 
+class ResumeError(ValueError):
+    """A checkpoint this run cannot continue from (said before any model loads)."""
+
+
 def load_trainer_state(path: Path) -> dict[str, Any]:
     f = path / STATE
     if not f.is_file():

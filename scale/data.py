@@ -113,6 +113,28 @@ class ProblemSet:
             )
         return out
 
+    def longest_prompt(self) -> int:
+        """Tokens of the longest prompt in the whole set (0 without token ids)."""
+        return max(map(len, self.prompt_ids), default=0) if self.prompt_ids else 0
+
+    def check_context(self, ceiling: int, max_model_len: int, ceiling_name: str) -> None:
+        """Refuse, naming each row, the prompts that leave fewer than ``ceiling`` response
+        tokens within the engine's context ``max_model_len``: vLLM would stop them early and
+        the reward would score them as truncated (a silent length cut, not the model's)."""
+        bad = [
+            (
+                p.source,
+                p.row,
+                "prompt",
+                f"{len(ids)} prompt tokens + {ceiling_name}={ceiling} exceed rollout.max_model_len="
+                f"{max_model_len}",
+            )
+            for p, ids in zip(self.problems, self.prompt_ids or [])
+            if len(ids) + ceiling > max_model_len
+        ]
+        if bad:
+            raise DataError(bad)
+
     def head(self, n: int | None) -> ProblemSet:
         """The first ``n`` problems (all for None): ``eval.limit``, ``dapo eval --limit``."""
         if n is None:

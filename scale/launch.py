@@ -17,7 +17,9 @@ LAUNCH_DIR = Path(__file__).parent / "launch"
 
 ENV = {
     "TOKENIZERS_PARALLELISM": "false",
-    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",  # fewer OOMs from fragmentation with vLLM colocated
+    # fewer OOMs from fragmentation with vLLM colocated; vLLM >= 0.32 (the pin) switches it off
+    # for its sleep-mode pool and back on after (vllm/device_allocator/cumem.py)
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
     "NCCL_DEBUG": "WARN",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a dead rank ends the job instead of hanging it
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # vLLM in the trainer's process (colocated)

@@ -8,7 +8,15 @@ checkpoints:
 
 1. an uninterrupted run of 3 steps;
 2. the same run, killed (SIGKILL to both "nodes") while step 3 is in progress;
-3. that run resumed with ``--resume auto``.
+3. that run resumed with ``--resume auto``;
+4. a run whose last rank (on the second node) gets SIGKILL once the first checkpoint is
+   written, and one whose last rank gets SIGSTOP (it stays alive and silent, as a hung GPU):
+   with a 900 s collective timeout, every rank of the first node must end within 120 s, each
+   with one line naming the rank (:mod:`scale.heartbeat`).
+
+Every launch runs with NCCL's lazy connection imitated (``TORCH_GLOO_LAZY_INIT=1``: creating
+the process group is no barrier) and the collective-device check on
+(``DAPO_CHECK_COLLECTIVES=1``, :mod:`scale.collective_devices`).
 
 It passes when the resumed run logs exactly the metrics of the uninterrupted one (every key
 but wall times, to 1e-5), every rank's engine matched the trainer after every sync (log-prob
@@ -48,7 +56,14 @@ def _free_port() -> int:
 
 
 def _launch(
-    out: Path, overrides: list[str], nodes: int, per_node: int, log: Path, extra: list[str]
+    out: Path,
+    overrides: list[str],
+    nodes: int,
+    per_node: int,
+    log: Path,
+    extra: list[str],
+    env_extra: dict[str, str] | None = None,
+    config: str = "tiny-cpu-fsdp",
 ) -> list[subprocess.Popen[bytes]]:
     """One torchrun agent per simulated node, each in its own process group."""
     port = _free_port()
@@ -58,7 +73,13 @@ def _launch(
         "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": "1",
         "TORCH_CPP_LOG_LEVEL": "ERROR",
+        # NCCL semantics gloo can imitate: communicators connect at their first use, so creating
+        # the process group is no barrier (a rank reading what rank 0 has not written yet fails)
+        "TORCH_GLOO_LAZY_INIT": "1",
+        # every collective's tensors on the compute device (scale/collective_devices.py)
+        "DAPO_CHECK_COLLECTIVES": "1",
         "DAPO_DIST_TIMEOUT_S": os.environ.get("DAPO_DIST_TIMEOUT_S", "120"),
+        **(env_extra or {}),
     }
     procs = []
     for node in range(nodes):
@@ -76,7 +97,7 @@ def _launch(
             "dapo.cli",
             "train",
             "--config",
-            "tiny-cpu-fsdp",
+            config,
             "--quiet",
             *overrides,
             f"output.dir={out}",
@@ -183,6 +204,128 @@ def _trace_checks(
     }
 
 
+def _rank_pid(agent: subprocess.Popen[bytes], rank: int) -> int | None:
+    """The pid of global rank ``rank`` among the children of a torchrun agent."""
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != agent.pid:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
+        except (OSError, IndexError, ValueError):
+            continue
+        if env.get(b"RANK") == str(rank).encode():
+            return int(entry)
+    return None
+
+
+FAULT_LIMIT_S = 120.0
+"""Every rank of the other node must be gone this soon after the fault (the heartbeat's
+default timeout is 60 s; the collective timeout is set far above it, 900 s)."""
+
+
+def rank_fault(
+    out: Path, overrides: list[str], nodes: int, per_node: int, logs: Path, sig: int, timeout_s: float
+) -> dict[str, Any]:
+    """Start a run, and once its first checkpoint is written, send ``sig`` (SIGKILL or SIGSTOP)
+    to the last rank (on the last simulated node). Passes when every rank of node 0 has ended
+    within :data:`FAULT_LIMIT_S` with a nonzero status and each printed one line naming that
+    rank, although the collective timeout is 900 s."""
+    import re
+    import signal as signals
+
+    name = signals.Signals(sig).name
+    victim = nodes * per_node - 1
+    run = out / f"fault-{name.lower()}"
+    log = logs / f"fault-{name.lower()}"
+    procs = _launch(run, overrides, nodes, per_node, log, ["--fresh"], {"DAPO_DIST_TIMEOUT_S": "900"})
+    first = run / "checkpoints" / "step_000001" / "trainer_state.json"
+    end = time.monotonic() + timeout_s
+    while not first.is_file():
+        if time.monotonic() > end or any(p.poll() is not None for p in procs):
+            _kill(procs)
+            raise RuntimeError(f"{name} rehearsal: the run ended or stalled before {first}; see {logs}")
+        time.sleep(0.05)
+    pid = _rank_pid(procs[-1], victim)
+    if pid is None:
+        _kill(procs)
+        raise RuntimeError(f"{name} rehearsal: no process of rank {victim} under the last node's agent")
+    t0 = time.monotonic()
+    os.kill(pid, sig)
+    try:
+        procs[0].wait(FAULT_LIMIT_S + 60)
+        ended_s: float | None = time.monotonic() - t0
+    except subprocess.TimeoutExpired:
+        ended_s = None
+    rc = procs[0].returncode
+    _kill(procs)  # the rest, and the stopped rank
+    text = log.with_name(f"{log.name}.node0.log").read_text(errors="replace")
+    named = re.compile(rf"rank (\d+): (?:rank {victim}|ranks [\d, ]*\b{victim}\b[\d, ]*) stopped answering")
+    namers = sorted({int(m.group(1)) for m in named.finditer(text)})
+    return {
+        "signal": name,
+        "rank": victim,
+        "node0_exit": rc,
+        "node0_ended_after_s": None if ended_s is None else round(ended_s, 1),
+        "named_by_ranks": namers,
+        "passed": ended_s is not None
+        and ended_s <= FAULT_LIMIT_S
+        and rc not in (0, None)
+        and namers == list(range(per_node)),
+    }
+
+
+def preset_copy(out: Path, nodes: int, per_node: int, logs: Path, timeout_s: float) -> dict[str, Any]:
+    """``qwen2.5-32b-dapo`` scaled down (:mod:`scale.preset_copy`) on the simulated nodes: it
+    must run its 10 steps with the preset's own settings, evaluate at steps 5 and 10, diagnose
+    at step 10, checkpoint at step 10 and write its tensorboard events."""
+    from . import preset_copy as pc
+    from .config import load
+
+    model = out / "preset-model"
+    if not model.exists():
+        pc.build_model(model)
+    train, ev = pc.build_data(out / "preset-data")
+    run = out / "preset-copy"
+    overrides = pc.overrides(model, train, ev, run)
+    cfg = load(pc.PRESET, overrides)
+    t0 = time.monotonic()
+    rc = _wait(
+        _launch(run, overrides, nodes, per_node, logs / "preset-copy", ["--fresh"], config=pc.PRESET),
+        timeout_s,
+        "the preset's copy",
+    )
+    rows = _metrics(run)
+    written = json.loads((run / "config.json").read_text()) if (run / "config.json").is_file() else {}
+    steps = cfg.train.steps
+    evals = [i + 1 for i, r in enumerate(rows) if f"eval/avg@{cfg.eval.k}" in r]
+    diagnosed = [i + 1 for i, r in enumerate(rows) if r.get("health/verdict") is not None]
+    gaps = [r.get("mismatch/logp_gap_max") for r in rows]
+    checks = {
+        "exits 0 on every node": rc == [0] * nodes,
+        f"{steps} rows": len(rows) == steps,
+        "the run's config is the preset's but for the scaled settings": bool(written)
+        and written == json.loads(json.dumps(cfg.to_dict(), default=str)),
+        f"evaluated (avg@{cfg.eval.k}) at steps {cfg.eval.every} and {2 * cfg.eval.every}": evals
+        == [cfg.eval.every, 2 * cfg.eval.every],
+        f"diagnosed at step {cfg.diagnose.every_steps}": cfg.diagnose.every_steps in diagnosed,
+        f"checkpoint at step {cfg.output.checkpoint_every}": (
+            run / "checkpoints" / f"step_{cfg.output.checkpoint_every:06d}" / "trainer_state.json"
+        ).is_file(),
+        "tensorboard events written": any(run.rglob("events.out.tfevents*")),
+        "trained (optimizer steps taken)": sum(r.get("actor/optimizer_steps") or 0 for r in rows) > 0,
+    }
+    return {
+        "seconds": round(time.monotonic() - t0, 1),
+        "exit": rc,
+        "logp_gap_max_bf16": max((g for g in gaps if g is not None), default=None),
+        "checks": checks,
+        "passed": all(checks.values()),
+    }
+
+
 def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 900) -> dict[str, Any]:
     from .config import load
     from .tiny import build_tiny_data, build_tiny_model
@@ -258,6 +401,19 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
         "the resumed run traced what the uninterrupted one traced": bool(_traces(a))
         and _traces(a) == _traces(b),
     }
+    import signal as signals
+
+    copy = preset_copy(out, nodes, per_node, logs, timeout_s)
+    report["preset_copy"] = copy
+    for name, ok in copy["checks"].items():
+        checks[f"qwen2.5-32b-dapo scaled down: {name}"] = ok
+    for sig in (signals.SIGKILL, signals.SIGSTOP):
+        fault = rank_fault(out, overrides, nodes, per_node, logs, sig, timeout_s)
+        report[f"fault_{fault['signal'].lower()}"] = fault
+        checks[
+            f"{fault['signal']} of rank {fault['rank']}: every rank of node 0 ended within "
+            f"{FAULT_LIMIT_S:.0f} s (collective timeout 900 s), each naming rank {fault['rank']}"
+        ] = fault["passed"]
     report["checks"] = checks
     report["differences"] = diffs[:20]
     report["logp_gap_max"] = max((g for g in gaps if g is not None), default=None)

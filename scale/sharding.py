@@ -14,6 +14,19 @@ buffers that are not in the state dict (rotary ``inv_freq``) are broadcast too. 
 wrapping, no parameter may remain on meta (:func:`check_materialised`); the optimizer is
 built by the caller after this, over the sharded parameters.
 
+Offload (``train.fsdp_offload``, FSDP2's ``CPUOffloadPolicy``): sharded parameters, gradients
+and optimizer state live in host memory; FSDP2 copies a unit's shards to the device for its
+all-gather and the reduced gradients back. On GPUs the process group is NCCL, which serves
+CUDA tensors only, so every collective *this* code issues runs on the compute device, as
+verl does (``fsdp2_load_full_state_dict``, ``fsdp2_clip_grad_norm_``, the sharding manager):
+the weights are loaded and broadcast on the device, FSDP2 keeping the shards in host memory
+(:func:`_fsdp2`), the gradient norm's reduction runs on the device (:func:`clip_grad_norm`),
+and the weight sync moves each shard to the device before its all-gather
+(:mod:`scale.sync`). A ``cpu:gloo,cuda:nccl`` group (torchtitan's choice) would also run, but
+it would carry those collectives over TCP from host memory: a 32B model's weights broadcast
+and gathered through gloo on every sync. :mod:`scale.collective_devices` checks the rule
+at run time.
+
 Precision: master weights and optimizer state in ``model.dtype`` (fp32); with
 ``train.mixed_precision: bf16`` FSDP2 all-gathers bf16 copies for compute and reduces
 gradients in fp32 (``MixedPrecisionPolicy``); under DDP accelerate runs the forward in bf16
@@ -22,6 +35,7 @@ autocast (``Accelerator(mixed_precision="bf16")``).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -113,7 +127,7 @@ def _fsdp2(cfg: Any, acc: Any, master: torch.dtype) -> Policy:
     )
     kwargs: dict[str, Any] = {"mp_policy": mp, "reshard_after_forward": True}
     if t.fsdp_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     if distributed:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -123,8 +137,14 @@ def _fsdp2(cfg: Any, acc: Any, master: torch.dtype) -> Policy:
     fully_shard(policy, **kwargs)
 
     if efficient:
-        if rank != 0:
-            policy.to_empty(device="cpu" if t.fsdp_offload else device)
+        # everything on the compute device (NCCL broadcasts device tensors only); under offload
+        # FSDP2 puts the sharded parameters straight back in host memory (FSDPModule._apply),
+        # the buffers stay on the device, and set_model_state_dict broadcasts each full tensor
+        # on the group's device before keeping the local shard where the parameter lives
+        if rank == 0:
+            policy.to(device)
+        else:
+            policy.to_empty(device=device)
         set_model_state_dict(
             policy, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         )
@@ -146,8 +166,32 @@ def clip_grad_norm(module: nn.Module, acc: Any, sharded: bool):  # type: ignore[
     if not sharded:
         return lambda max_norm: acc.clip_grad_norm_(params, max_norm)
 
+    device = acc.device
+
     def clip(max_norm: float) -> torch.Tensor:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        return clip_sharded(params, max_norm, device)
 
     return clip
+
+
+def clip_sharded(params: list[nn.Parameter], max_norm: float, device: torch.device) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` over FSDP2's sharded gradients with the norm's
+    cross-rank reduction on ``device``: under offload the gradients are host tensors, and
+    reducing their partial norms there would be a CPU collective (refused by NCCL). As verl's
+    ``fsdp2_clip_grad_norm_``: per-shard norms where the gradients are, the partial total
+    moved to the device, reduced there (``full_tensor``), the gradients scaled in place.
+    Returns the total norm (a plain tensor on ``device``)."""
+    from torch.nn.utils.clip_grad import _get_total_norm
+
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), device=device)
+    total = _get_total_norm(grads, 2.0, False, None).to(device)
+    norm = total.full_tensor() if hasattr(total, "full_tensor") else total
+    total_norm = float(norm)
+    if math.isfinite(total_norm):  # a non-finite norm: dapo.update skips the step
+        coef = min(1.0, max_norm / (total_norm + 1e-6))  # torch's clip coefficient
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+    return norm

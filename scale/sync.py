@@ -65,11 +65,12 @@ def _materialise(t: Tensor, dtype: torch.dtype, device: torch.device, stats: Syn
     """The full tensor in the engine's dtype and device, and the bytes it newly holds (0 when
     it is the trainer's own storage). A sharded tensor is cast shard by shard first, so the
     all-gather moves and allocates engine-dtype bytes only; transient copies count in
-    ``stats``' peak."""
+    ``stats``' peak. The shard moves to ``device`` before the all-gather (under
+    ``train.fsdp_offload`` it lives in host memory, which NCCL does not serve)."""
     t = t.detach()
     transient = 0
-    if hasattr(t, "full_tensor"):  # FSDP2 DTensor: cast the local shard, then all-gather it
-        shard = t.to(dtype)
+    if hasattr(t, "full_tensor"):  # FSDP2 DTensor: cast the local shard on the device, gather it
+        shard = t.to(device=device, dtype=dtype)  # an offloaded shard is a host tensor: NCCL needs it here
         transient = shard.to_local().numel() * shard.to_local().element_size() if shard is not t else 0
         stats.hold(transient)
         t = shard.full_tensor()

@@ -393,7 +393,7 @@ def waiting_for(what: str) -> Iterator[None]:
     except CollectiveTimeout:
         raise
     except RuntimeError as err:  # gloo and NCCL raise RuntimeError subclasses (DistBackendError)
-        if not _is_collective_failure(err):
+        if not is_collective_failure(err):
             raise
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise CollectiveTimeout(
@@ -406,7 +406,7 @@ def waiting_for(what: str) -> Iterator[None]:
             _WAITS.what, _WAITS.since = outer
 
 
-def _is_collective_failure(err: BaseException) -> bool:
+def is_collective_failure(err: BaseException) -> bool:
     import torch.distributed as dist
 
     text = str(err).lower()

@@ -40,6 +40,7 @@ from dapo.rewards import score_integer_answer
 from dapo.sampling import SamplingWarning
 
 from . import checkpoint as ckpt
+from . import heartbeat
 from .config import RunConfig
 from .data import DataError, ProblemSet, PromptStream, contamination, prepare_problems
 from .engines import Generation, make_engine
@@ -60,6 +61,19 @@ def _trim_jsonl(path: Path, step: int) -> list[dict[str, Any]]:
     keep = [r for r in rows if r.get("step", -1) < step]
     path.write_text("".join(json.dumps(r) + "\n" for r in keep))
     return keep
+
+
+def tracker_config(config: dict[str, Any]) -> dict[str, int | float | str | bool]:
+    """The run config as trackers take hyper-parameters: flat ``section.field`` keys and scalar
+    values (tensorboard's ``add_hparams`` refuses nested dicts, lists and None)."""
+    flat: dict[str, int | float | str | bool] = {}
+    for section, fields in config.items():
+        for name, value in fields.items() if isinstance(fields, dict) else [("", fields)]:
+            key = f"{section}.{name}" if name else section
+            flat[key] = (
+                value if isinstance(value, (int, float, str, bool)) else json.dumps(value, default=str)
+            )
+    return flat
 
 
 def _labelled_barrier(what: str) -> None:
@@ -157,6 +171,12 @@ class Trainer:
         self.ranks = Ranks(self.rank, self.world, cfg.rollout.tensor_parallel)
         self.comm = Comm(self.ranks, self.acc.device)
         start_wait_reports(cfg.train.wait_report_s, log, self.rank)
+        # rank 0 prepared the output directory (and the tiny preset's files) before it joined the
+        # group; creating the group is no barrier where communicators start lazily (NCCL, gloo
+        # with TORCH_GLOO_LAZY_INIT=1), so wait for it here, before anything reads them
+        _labelled_barrier("rank 0 to prepare the output directory")
+        # from here a dead or stopped rank ends every rank within train.heartbeat_timeout_s
+        self.heartbeat = heartbeat.start(cfg, self.rank, self.world)
         if self.world > 1 and cfg.train.sharding == "fsdp2" and cfg.rollout.engine == "hf":
             raise ValueError(
                 "rollout.engine=hf generates with the trainer's module, which train.sharding=fsdp2 "
@@ -186,14 +206,18 @@ class Trainer:
             zip((p.prompt for p in train.problems), train.prompt_ids or [])
         )
         self.eval_problems = None
+        evals = None
         if cfg.data.eval:
             evals = self._problem_set("data.eval", cfg.data.eval, cfg.data.eval_split).head(cfg.eval.limit)
             self.eval_problems = evals.problems
             self._prompt_ids.update(zip((p.prompt for p in evals.problems), evals.prompt_ids or []))
+        self.context_len = self._context_len(train, evals)
         # one prompt stream, identical on every rank: each round every rollout group takes its
         # slice of the same draw (no prompt twice in an epoch, whatever the world size)
         self.stream = PromptStream(self.problems, seed=cfg.data.shuffle_seed)
 
+        # which checkpoint to continue from, refused now if it cannot be (before the model loads)
+        resume_from = self._resume_point(resume) if resume else None
         # the model on its ranks (DDP or FSDP2), then the optimizer over what the ranks hold
         self.policy, self._policy = build_policy(cfg, self.acc)
         self.sharded = isinstance(self.policy, FSDPModule)
@@ -210,8 +234,10 @@ class Trainer:
         self.step = 0
         self.totals = {"responses": 0.0, "tokens": 0.0, "optimizer_steps": 0.0, "skipped_steps": 0.0}
 
-        if resume:
-            self._resume(resume)
+        if resume_from is not None:
+            self._resume(*resume_from)
+        elif resume:
+            self.log(f"no checkpoint under {self.out}; starting from scratch")
         elif ckpt.latest(self.out) is not None or (self.out / "metrics.jsonl").is_file():
             raise FileExistsError(
                 f"{self.out} holds a previous run (checkpoints or metrics.jsonl); continue it "
@@ -224,7 +250,7 @@ class Trainer:
             (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
             self._check_contamination()
             if cfg.output.trackers:
-                self.acc.init_trackers("dapo", config=json.loads(json.dumps(cfg.to_dict(), default=str)))
+                self.acc.init_trackers("dapo", config=tracker_config(cfg.to_dict()))
         self.health = HealthMonitor(cfg.diagnose.every_steps, knobs=from_config(cfg.to_dict()))
         self.health.extend(self._trim_metrics_log())
         _trim_jsonl(self._trace_path(), self.step)  # each rank its own trace
@@ -248,13 +274,13 @@ class Trainer:
         c = self.cfg
         if c.rollout.engine == "hf":
             return make_engine("hf", model=self._unwrapped().lm, eos_id=self.eos_id, pad_id=self.pad_id)
-        longest = max(len(self._encode(p.prompt)) for p in self.problems[:2000])
         return make_engine(
             "vllm",
             model_path=c.model.path,
             dtype=c.rollout.dtype,
-            max_model_len=c.rollout.max_model_len or longest + c.algo.max_len,
+            max_model_len=self.context_len,
             gpu_memory_utilization=c.rollout.gpu_memory_utilization,
+            kv_cache_gib=c.rollout.kv_cache_gib,
             tensor_parallel=c.rollout.tensor_parallel,
             seed=c.rollout.seed + self.ranks.dp_rank,
             sleep_during_training=c.rollout.sleep_during_training,
@@ -262,6 +288,26 @@ class Trainer:
             distributed=self.world > 1,
             dummy_weights=True,  # the first sync follows at once
         )
+
+    def _context_len(self, train: ProblemSet, evals: ProblemSet | None) -> int:
+        """The engine's context: ``rollout.max_model_len``, each prompt of both sets checked to
+        fit with its response ceiling (refused by row, before any model loads); else the
+        longest prompt of the whole prepared set plus its ceiling, training or evaluation."""
+        c = self.cfg
+        sets = [(train, c.algo.max_len, "algo.max_len")]
+        if evals is not None:
+            sets.append((evals, c.eval.max_new_tokens or c.algo.max_len, "eval.max_new_tokens"))
+        if c.rollout.max_model_len:
+            problems = []
+            for ps, ceiling, name in sets:
+                try:
+                    ps.check_context(ceiling, c.rollout.max_model_len, name)
+                except DataError as err:
+                    problems += err.problems
+            if problems:
+                raise DataError(problems)
+            return c.rollout.max_model_len
+        return max(ps.longest_prompt() + ceiling for ps, ceiling, _ in sets)
 
     def _check_contamination(self) -> None:
         n = self.cfg.data.contamination_ngram
@@ -590,7 +636,7 @@ class Trainer:
                     self.log(f"step {self.step}: {eval_line(scores)}")
             verdicts, change = self.health.observe(m)
             m.update(verdicts)
-            if change:
+            if change and self.acc.is_main_process:
                 bar.clear()
                 self.log(f"step {self.step}: {change}")
             self._write_metrics(m)
@@ -602,14 +648,18 @@ class Trainer:
             if (c.output.checkpoint_every and self.step % c.output.checkpoint_every == 0) or self.step == end:
                 self.save()
         bar.close()
-        if c.output.trackers:
-            self.acc.end_training()
+        # the trackers' files closed; not accelerate's end_training(), which also destroys the
+        # process group while the engine's groups and the checkpoint barrier still need it
+        for tracker in self.acc.trackers if c.output.trackers else []:
+            tracker.finish()
         return history
 
     def close(self) -> None:
         """Drop the wrapped model, the optimizer and the engine, and accelerate's references to
         them, so that the process group can really be freed (see :mod:`scale.topology`). The
         engine is shut down first, while the group it was built on still exists."""
+        if self.heartbeat is not None:  # done: the peers must not take this rank's exit for a death
+            self.heartbeat.stop()
         if (shutdown := getattr(self.engine, "shutdown", None)) is not None:
             shutdown()
         self.acc.free_memory()
@@ -643,16 +693,21 @@ class Trainer:
             barrier=lambda: _labelled_barrier(f"the other ranks' checkpoint step_{self.step}"),
         )
 
-    def _resume(self, resume: str) -> None:
+    def _resume_point(self, resume: str) -> tuple[Path, dict[str, Any]] | None:
+        """The checkpoint ``--resume`` names and its trainer state (None: nothing to resume);
+        :class:`scale.checkpoint.ResumeError` if this run cannot continue it."""
         path = ckpt.latest(self.out) if resume == "auto" else Path(resume)
         if path is None:
-            self.log(f"no checkpoint under {self.out}; starting from scratch")
-            return
+            return None
         state = ckpt.load_trainer_state(path)
         if state["world_size"] != self.world:
-            raise ValueError(
-                f"{path} was written by {state['world_size']} processes, this run has {self.world}"
+            raise ckpt.ResumeError(
+                f"--resume: {path} was written by {state['world_size']} processes and this run has "
+                f"{self.world}; relaunch with {state['world_size']} processes"
             )
+        return path, state
+
+    def _resume(self, path: Path, state: dict[str, Any]) -> None:
         ckpt.load(path, model=self._policy, optimizer=self.optimizer)
         self.scheduler.load_state_dict(ckpt.load_tensors(path, "scheduler.pt"))
         mine = ckpt.load_tensors(path, f"rank{self.rank}.pt")

@@ -8,6 +8,8 @@ Usage: dp_worker.py MODEL_DIR OUT_FILE [--order 0,2,1,3] [--sharding none|fsdp2]
 
 import argparse
 import json
+import os
+import sys
 
 import torch
 from accelerate import Accelerator
@@ -19,6 +21,7 @@ from dapo import AlgoConfig, RolloutBatch
 from scale.config import load
 from scale.policy import Policy
 from scale.sharding import build_policy
+from scale.sync import stream_weights
 from scale.topology import dist_timeout
 from scale.trainer import run_update
 
@@ -60,6 +63,7 @@ def main() -> None:
     ap.add_argument("--order", default=None)
     ap.add_argument("--sharding", default="none")
     ap.add_argument("--max-tokens", type=int, default=None)
+    ap.add_argument("--offload", action="store_true", help="train.fsdp_offload (FSDP2 CPUOffloadPolicy)")
     args = ap.parse_args()
     # a dead peer ends the run with an error within seconds instead of gloo's 30-minute wait
     acc = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=dist_timeout(60))])
@@ -72,7 +76,8 @@ def main() -> None:
         opt = torch.optim.SGD(policy.parameters(), lr=0.5)
         policy, opt = acc.prepare(policy, opt)
     else:  # the trainer's own FSDP2 path: rank 0 reads the weights, the others get shards
-        cfg = load("tiny-cpu-fsdp", [f"model.path={args.model_dir}", "model.logprob_chunk=7"])
+        overrides = [f"model.path={args.model_dir}", "model.logprob_chunk=7"]
+        cfg = load("tiny-cpu-fsdp", overrides + (["train.fsdp_offload=true"] if args.offload else []))
         policy = build_policy(cfg, acc)[0]
         opt = torch.optim.SGD(policy.parameters(), lr=0.5)
     full = batch(pad_id=1)
@@ -109,6 +114,12 @@ def main() -> None:
         json.dump(m, f)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    if args.sharding == "fsdp2":  # what the weight sync streams: the full trained weights
+        lm = acc.unwrap_model(policy).lm
+        streamed = dict(stream_weights(lm, dtype=torch.float32, device=acc.device, bucket_bytes=1 << 16))
+        if acc.is_main_process:
+            torch.save({k: v.detach().clone() for k, v in streamed.items()}, f"{args.out}.stream.pt")
+
     state = get_model_state_dict(
         acc.unwrap_model(policy), options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
@@ -119,5 +130,19 @@ def main() -> None:
     acc.free_memory()  # accelerate's list of prepared models holds the DDP module, which holds the group
 
 
+def checked_main() -> None:
+    """``main`` under the collective-device check when ``$DAPO_CHECK_COLLECTIVES`` is set; the
+    collectives it saw go to ``OUT_FILE.collectives.rank<r>.json``."""
+    from scale.collective_devices import CollectiveDeviceCheck, compute_device, enabled
+
+    if not enabled():
+        return main()
+    check = CollectiveDeviceCheck(compute_device())
+    with check:
+        main()
+    with open(f"{sys.argv[2]}.collectives.rank{os.environ.get('RANK', '0')}.json", "w") as f:
+        json.dump(check.seen, f)
+
+
 if __name__ == "__main__":
-    worker(main)
+    worker(checked_main)

@@ -110,3 +110,19 @@ def test_overrides_apply():
     assert c.algo.eps_high == 0.3 and c.rollout.engine == "hf" and c.train.betas == (0.9, 0.95)
     with pytest.raises(ConfigError):
         load("tiny-cpu", ["noequals"])
+
+
+def test_the_config_reaches_trackers_as_flat_scalars():
+    """tensorboard's add_hparams refuses nested dicts, lists and None: the 32B preset's tracker
+    crashed the run at start before the config was flattened."""
+    from scale.config import load
+    from scale.trainer import tracker_config
+
+    flat = tracker_config(load("qwen2.5-32b-dapo").to_dict())
+    assert flat["train.fsdp_offload"] is True and flat["algo.eps_high"] == 0.28
+    assert flat["output.trackers"] == '["tensorboard"]' and flat["rollout.max_model_len"] == "null"
+    assert all(isinstance(v, (int, float, str, bool)) for v in flat.values())
+    pytest.importorskip("tensorboard")
+    from torch.utils.tensorboard.summary import hparams
+
+    hparams(flat, {})  # what accelerate's tensorboard tracker calls

@@ -511,3 +511,25 @@ def test_a_tokenizer_that_cannot_be_fingerprinted_is_not_cached(tmp_path):
     )
     assert ps.prompt_ids == [[1, 2, 3]] and ps.cache is None and not (tmp_path / "c").exists()
     assert logged == [f"warning: Words cannot be fingerprinted; {f} is not cached"]
+
+
+def test_the_longest_prompt_of_the_whole_set_sets_the_context_and_one_that_cannot_fit_is_named(tmp_path):
+    """The engine's context comes from every prompt, not the first 2,000: a long prompt at row
+    2,501 counts; with an explicit ``rollout.max_model_len`` a prompt that leaves less than the
+    response ceiling is refused by file and row, never silently cut short."""
+
+    class Tok:
+        def __call__(self, text):
+            return type("E", (), {"input_ids": text.split()})()
+
+    rows = [{"prompt": f"p{i}", "answer": i} for i in range(2500)] + [{"prompt": "w " * 40, "answer": 7}]
+    f = _write(tmp_path / "long.jsonl", rows)
+    ps = prepare_problems(str(f), template="none", chat_template=False, tokenizer=Tok())
+    assert ps.longest_prompt() == 40
+    ps.check_context(24, 64, "algo.max_len")  # 40 + 24 fits exactly
+    with pytest.raises(DataError) as err:
+        ps.check_context(25, 64, "algo.max_len")
+    assert err.value.problems == [
+        (str(f), 2501, "prompt", "40 prompt tokens + algo.max_len=25 exceed rollout.max_model_len=64")
+    ]
+    assert f"{f}:2501: prompt: 40 prompt tokens" in str(err.value)

@@ -144,6 +144,16 @@ def test_hf_engine_three_steps_and_resume_equals_uninterrupted(tiny, tmp_path):
         assert torch.allclose(exported[0][k], exported[1][k], atol=1e-6), k
     r = run_cli(["export", str(tmp_path / "nowhere"), str(tmp_path / "x")])
     assert r.returncode == 2 and "nowhere" in r.stderr
+    # a checkpoint of another world size this run cannot continue: one line, exit 2, before the
+    # model loads, and nothing of the run lost
+    last = sorted((b / "checkpoints").glob("step_*"))[-1]
+    state = json.loads((last / "trainer_state.json").read_text())
+    (last / "trainer_state.json").write_text(json.dumps({**state, "world_size": 3}))
+    before = (b / "metrics.jsonl").read_text()
+    r = run_cli(base + overrides(tiny, b, "rollout.engine=hf") + ["--resume", "auto"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"--resume: {last} was written by 3 processes and this run has 1" in r.stderr
+    assert (b / "metrics.jsonl").read_text() == before
 
 
 def test_vllm_engine_three_steps_weights_stay_in_sync_and_resume(tiny, tmp_path):
@@ -170,15 +180,23 @@ def test_vllm_engine_three_steps_weights_stay_in_sync_and_resume(tiny, tmp_path)
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "options",
-    [[], ["--sharding", "fsdp2"], ["--sharding", "fsdp2", "--max-tokens", "9"]],
-    ids=["ddp", "fsdp2", "fsdp2-packed-token-budget"],
+    [
+        [],
+        ["--sharding", "fsdp2"],
+        ["--sharding", "fsdp2", "--max-tokens", "9"],
+        ["--sharding", "fsdp2", "--offload"],
+    ],
+    ids=["ddp", "fsdp2", "fsdp2-packed-token-budget", "fsdp2-offload"],
 )
-def test_two_gloo_processes_equal_one(tiny, tmp_path, options):
+def test_two_gloo_processes_equal_one(tiny, tmp_path, options, monkeypatch):
     """The update on 2 ranks (DDP, or FSDP2 with rank 0 reading the weights and the others
         receiving shards; optionally packed micro-batches by token budget, unequal in number per
-        rank before equalisation) gives the weights of 1 process on the whole batch: the exact
-        token-mean and the global grad-norm clip hold across shards. Each rank logs the metrics one
-    process logs."""
+        rank before equalisation, or FSDP2's CPU offload) gives the weights of 1 process on the
+        whole batch: the exact token-mean and the global grad-norm clip hold across shards. Each
+        rank logs the metrics one process logs, and under FSDP2 the weight sync streams exactly
+        the trained weights. The collective-device check is on throughout (it must see the
+    collectives and raise nothing spurious)."""
+    monkeypatch.setenv("DAPO_CHECK_COLLECTIVES", "1")
     worker = str(Path(__file__).parent / "dp_worker.py")
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
     # 2 ranks x 2 groups, windows of 2 groups = one group per rank: global windows {0,2}, {1,3}
@@ -186,6 +204,13 @@ def test_two_gloo_processes_equal_one(tiny, tmp_path, options):
     run_script([worker, str(tiny["model"]), str(two), *options], nproc=2)
     a = torch.load(one, weights_only=True)
     b = torch.load(two, weights_only=True)
+    seen = json.loads(Path(f"{two}.collectives.rank1.json").read_text())
+    assert sum(seen.values()) > 10, seen  # the check saw the step's collectives
+    if "fsdp2" in options:
+        streamed = torch.load(f"{two}.stream.pt", weights_only=True)
+        assert set(streamed) == set(b) | {"lm_head.weight"} or set(streamed) == set(b)
+        for k in b:
+            assert torch.equal(streamed[k], b[k]), k
     from safetensors.torch import load_file
 
     start = load_file(str(tiny["model"] / "model.safetensors"))
@@ -245,6 +270,20 @@ def test_malformed_data_and_bad_config_refuse_to_start(tiny, tmp_path):
     )
     assert r.returncode == 2 and f"{bad}:2: answer" in r.stderr
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
+    # a prompt that leaves less than the 16-token response ceiling in rollout.max_model_len is
+    # refused by row before any model or engine loads, never silently cut short
+    long = tmp_path / "long.jsonl"
+    long.write_text(
+        '{"prompt": "Q: 1 + 1 = ?", "answer": 2}\n' * 2
+        + json.dumps({"prompt": "1 + " * 20, "answer": 3})
+        + "\n"
+    )
+    for cmd in (["train"], ["train", "--validate-only"]):
+        args = [*cmd, "--config", "tiny-cpu", *overrides(tiny, tmp_path / "o"), f"data.train={long}"]
+        r = run_cli([*args, "rollout.max_model_len=48"])
+        assert r.returncode == 2 and f"{long}:3: prompt: " in r.stderr, r.stderr[-2000:]
+        assert "+ algo.max_len=16 exceed rollout.max_model_len=48" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o").exists()
     used = tmp_path / "used"
     used.mkdir()
     (used / "metrics.jsonl").write_text('{"step": 0}\n')

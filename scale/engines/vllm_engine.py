@@ -75,6 +75,7 @@ class VLLMEngine:
         dtype: str = "bfloat16",
         max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.5,
+        kv_cache_gib: float | None = None,
         tensor_parallel: int = 1,
         seed: int = 0,
         sleep_during_training: bool = True,
@@ -99,6 +100,8 @@ class VLLMEngine:
             seed=seed,
             tensor_parallel_size=tensor_parallel,
         )
+        if kv_cache_gib is not None:  # explicit: the fraction's base differs between CPU hosts
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
         if dummy_weights:  # the trainer syncs its weights right after start: skip reading them
             kwargs["load_format"] = "dummy"
         if distributed:  # the trainer's ranks: one engine each, on the existing process group
@@ -178,14 +181,18 @@ class VLLMEngine:
                 yield name, (t.to("cpu") if on_host else t)
 
         error: list[BaseException] = []
+        # the stream gathers (collectives) and vLLM loads in a side thread: it must use this
+        # rank's device (a new thread's current CUDA device is 0) and the collective check
+        device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
 
         def run() -> None:
+            from ..collective_devices import checked
+
             try:
-                if self.path == "reload":
-                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tracked()})
-                else:
-                    for item in tracked():  # one tensor per call: the stream bounds the memory
-                        self.llm.collective_rpc(_load_weights, args=([item],))
+                if self.on_gpu:
+                    torch.cuda.set_device(device)
+                with checked(device):
+                    self._load(tracked())
             except BaseException as err:
                 error.append(err)
 
@@ -195,17 +202,31 @@ class VLLMEngine:
         if worker.is_alive():
             raise EngineError(f"vLLM weight sync did not finish within {self.sync_timeout_s:.0f} s")
         if error:
+            from ..collective_devices import CollectiveDeviceError
+
+            if isinstance(error[0], CollectiveDeviceError):
+                raise error[0]
             raise EngineError(f"vLLM weight sync failed: {error[0]}") from error[0]
         if "lm_head.weight" not in seen:
             raise EngineError("weight sync without lm_head.weight would desynchronise the output layer")
         self.llm.reset_prefix_cache()
+        if self.on_gpu:  # the gathered buckets are freed: give their blocks back before the KV cache
+            torch.cuda.empty_cache()
         self.wake(tags=["kv_cache"])
+
+    def _load(self, weights: Iterator[tuple[str, Tensor]]) -> None:
+        if self.path == "reload":
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        else:
+            for item in weights:  # one tensor per call: the stream bounds the memory
+                self.llm.collective_rpc(_load_weights, args=([item],))
 
     def sleep(self) -> None:
         if self.sleep_during_training and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
             self._awake: set[str] = set()
+            torch.cuda.empty_cache()  # what vLLM freed goes back to the trainer (verl, TRL do the same)
 
     def wake(self, tags: list[str] | None = None) -> None:
         """Wake what sleeps: everything, or only ``tags`` (``weights``, then ``kv_cache``)."""
