@@ -46,6 +46,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "scale.plan:main",
         "scale.plan:build_parser",
     ),
+    "stage": (
+        "fetch a config's model and data once, for runs with the hub offline",
+        "scale.stage:main",
+        "scale.stage:build_parser",
+    ),
     "launch": (
         "generate a multi-node launch (slurm, torchrun, accelerate)",
         "scale.launch:main",

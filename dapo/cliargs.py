@@ -127,6 +127,21 @@ class InFile:
         return f"InFile(kind={self.kind!r})"
 
 
+class InDir:
+    """An existing directory."""
+
+    __name__ = "directory"
+
+    def __call__(self, text: str) -> Path:
+        path = Path(text)
+        if not text or not path.is_dir():
+            raise argparse.ArgumentTypeError(f"no such directory: {text!r}")
+        return path
+
+    def __repr__(self) -> str:
+        return "InDir()"
+
+
 def _writable_target(path: Path) -> str | None:
     """Why ``path`` cannot be created or written, or None."""
     parent = path
@@ -193,5 +208,5 @@ class Text:
         return "Text()"
 
 
-TYPES = (Int, Float, InFile, OutDir, OutFile, Text)
+TYPES = (Int, Float, InFile, InDir, OutDir, OutFile, Text)
 """Every ``type=`` a ``dapo`` option may have (checked by the fuzz test)."""

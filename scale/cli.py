@@ -69,6 +69,11 @@ def train_main(argv: list[str] | None = None) -> int:
     cfg = load_for_cli("dapo train", args.config, args.overrides)
     if cfg is None:
         return 2
+    from .stage import hub_environment
+
+    # one process per node reads the hub: the node's other ranks run offline (before any hub
+    # library loads) and read what local rank 0 fetched
+    os.environ.update(hub_environment(cfg, int(os.environ.get("LOCAL_RANK", "0"))))
     if args.resume not in (None, "auto") and not Path(args.resume).is_dir():
         raise UsageError(f"--resume: no such checkpoint directory: {args.resume!r} (or 'auto')")
     if args.validate_only:

@@ -97,7 +97,13 @@ def torchrun_command(config: str, nodes: int, gpus: int, master: str, overrides:
 
 
 def slurm_script(
-    config: str, nodes: int, gpus: int, overrides: list[str], partition: str | None = None, hours: int = 72
+    config: str,
+    nodes: int,
+    gpus: int,
+    overrides: list[str],
+    partition: str | None = None,
+    hours: int = 72,
+    env: dict[str, str] | None = None,
 ) -> str:
     cmd = accelerate_command(config, nodes, gpus, "$SLURM_NODEID", "$MASTER_ADDR", overrides)
     lines = [
@@ -117,7 +123,7 @@ def slurm_script(
         "set -euo pipefail",
         'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
     ]
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in ENV.items()]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in (env or ENV).items()]
     lines += [
         "# one launcher per node; accelerate starts the node's GPU processes",
         f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(shell_line(cmd))}",
@@ -126,7 +132,7 @@ def slurm_script(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dapo.cliargs import Int, OutFile, Parser, Text
+    from dapo.cliargs import InDir, Int, OutFile, Parser, Text
 
     from .cli import config_arguments
 
@@ -157,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--hours", type=Int(lo=1, hi=24 * 30), default=72, help="SLURM time limit in hours (default 72)"
     )
     ap.add_argument(
+        "--staged",
+        type=InDir(),
+        default=None,
+        help="a directory from dapo stage: its model and data paths, and the hub offline",
+    )
+    ap.add_argument(
         "--out", type=OutFile(), default=None, help="write the script here instead of printing it"
     )
     return ap
@@ -168,6 +180,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from .config import load_for_cli
 
+    env_vars = dict(ENV)
+    if args.staged is not None:  # the staged model and data, and no process touches the hub
+        from .stage import read
+
+        record = read(args.staged)
+        args.overrides = [*record["overrides"], *args.overrides]
+        env_vars.update(record["env"])
     cfg = load_for_cli("dapo launch", args.config, args.overrides)
     if cfg is None:
         return 2
@@ -184,11 +203,17 @@ def main(argv: list[str] | None = None) -> int:
         if total % parts:
             print(f"dapo launch: {name}={total} is not divisible by {parts} {what}", file=sys.stderr)
             return 2
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in ENV.items())
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in env_vars.items())
     try:  # an override the shell cannot carry with its $VARs intact is refused by name
         if args.scheduler == "slurm":
             text = slurm_script(
-                args.config, args.nodes, args.gpus_per_node, args.overrides, args.partition, args.hours
+                args.config,
+                args.nodes,
+                args.gpus_per_node,
+                args.overrides,
+                args.partition,
+                args.hours,
+                env_vars,
             )
         else:
             words = (

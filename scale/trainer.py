@@ -48,6 +48,7 @@ from .evaluation import ProblemResult, canonical_prediction, eval_line, summariz
 from .policy import Policy, response_logp, token_budget_splitter
 from .rollout import GlobalDynamicSampler, round_digest
 from .sharding import build_policy, clip_grad_norm, dtype
+from .stage import CONFIG_FILES, MODEL_FILES, is_hub_id
 from .sync import SyncStats, sync
 from .topology import Comm, Ranks, all_max, barrier, make_accelerator, start_wait_reports, waiting_for
 
@@ -194,6 +195,7 @@ class Trainer:
             )
         torch.manual_seed(cfg.train.seed)
 
+        self._fetch_model_files()
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -256,6 +258,19 @@ class Trainer:
         _trim_jsonl(self._trace_path(), self.step)  # each rank its own trace
 
     # ---- setup helpers ----------------------------------------------------------------
+    def _fetch_model_files(self) -> None:
+        """A model named by hub id: each node's local rank 0 fetches what its ranks read (rank 0
+        the weights too) into the node's hub cache, and the others, offline, wait for it."""
+        path = self.cfg.model.path
+        if not is_hub_id(path):
+            return
+        if self.acc.is_local_main_process:
+            from huggingface_hub import snapshot_download
+
+            snapshot_download(repo_id=path, allow_patterns=MODEL_FILES if self.rank == 0 else CONFIG_FILES)
+        if self.world > 1:
+            _labelled_barrier(f"local rank 0 to fetch {path} from the hub")
+
     def _unwrapped(self) -> Policy:
         return self._policy
 
@@ -346,14 +361,17 @@ class Trainer:
                 log=self.log,
             )
 
-        first = self.acc.is_local_main_process or d.cache_dir is None
+        # local rank 0 first when there is a cache to fill or a hub to read (the node's other
+        # ranks then read the cache, or the hub cache offline: scale.stage.hub_environment)
+        ordered = d.cache_dir is not None or is_hub_id(spec)
+        first = self.acc.is_local_main_process or not ordered
         ps, failure = None, None
         if first:
             try:
                 ps = prepare()
             except (DataError, FileNotFoundError) as err:
                 failure = err
-        if self.world > 1 and d.cache_dir is not None:  # the others wait for the cache
+        if self.world > 1 and ordered:  # the others wait for local rank 0
             with waiting_for(f"local rank 0 to prepare {spec}"):
                 failed = all_max(int(failure is not None), self.acc.device)
             if failure is None and failed:

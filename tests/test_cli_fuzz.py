@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dapo import cli
-from dapo.cliargs import TYPES, Float, InFile, Int, OutDir, OutFile, Text
+from dapo.cliargs import TYPES, Float, InDir, InFile, Int, OutDir, OutFile, Text
 
 SKIP = (argparse._HelpAction, argparse._VersionAction)
 
@@ -76,7 +76,7 @@ def test_every_option_is_declared(leaf, parser):
         assert action.help and action.help != argparse.SUPPRESS, f"{name}: no help text"
         if _takes_value(action):
             assert action.choices is not None or isinstance(action.type, TYPES), (
-                f"{name}: declare type= from dapo.cliargs (Int, Float, InFile, OutDir, OutFile, Text) "
+                f"{name}: declare type= from dapo.cliargs (Int, Float, InFile, InDir, OutDir, OutFile, Text) "
                 "or choices=, so that its values are checked before any work"
             )
 
@@ -113,6 +113,8 @@ def _valid(action: argparse.Action, tmp: Path) -> str:
         return str(path)
     if isinstance(t, OutDir):
         return str(tmp / f"out-{action.dest}")
+    if isinstance(t, InDir):
+        return str(tmp)
     if isinstance(t, OutFile):
         return str(tmp / f"out-{action.dest}.json")
     return "tiny-cpu" if action.dest == "config" else "x"
@@ -155,6 +157,8 @@ def _invalid(action: argparse.Action, tmp: Path) -> st.SearchStrategy[str]:
         return st.sampled_from(options)
     if isinstance(t, OutDir):
         return st.sampled_from([str(a_file), str(a_file / "sub"), ""])
+    if isinstance(t, InDir):
+        return st.sampled_from([str(a_file), str(tmp / "missing-dir"), ""])
     if isinstance(t, OutFile):
         return st.sampled_from([str(tmp), str(a_file / "out.json"), ""])
     if isinstance(t, Text):
