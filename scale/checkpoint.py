@@ -14,8 +14,11 @@ rank in parallel, never gathered on one.
 
 Every rank writes into ``step_<N>.tmp``; rank 0 renames it into place after a barrier, so a
 crash while saving never leaves a half-written ``step_<N>`` (the output directory must be on
-a file system every node sees). Resuming needs the same world size (the prompt streams are
-per rank). ``dapo export`` (:func:`export`) turns a checkpoint into one safetensors model
+a file system every node sees). A checkpoint resumes on any number of processes: DCP
+reshards the model and optimizer state onto the new ranks, the schedule is global, and the
+prompt stream is the same on every rank (rank 0's position serves all); the per-rank RNG
+streams carry over only to the same world size (sampling seeds come from the run's
+coordinates, not from them). ``dapo export`` (:func:`export`) turns a checkpoint into one safetensors model
 directory for evaluation and the hub.
 """
 

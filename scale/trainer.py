@@ -157,6 +157,10 @@ def run_update(
     return m
 
 
+class LayoutError(ValueError):
+    """The config does not fit this run's processes (said before any model loads)."""
+
+
 class Trainer:
     def __init__(
         self, cfg: RunConfig, *, resume: str | None = None, accelerator=None, log=print, progress: bool = True
@@ -169,7 +173,10 @@ class Trainer:
         self.out = Path(cfg.output.dir)
         self.acc = accelerator or make_accelerator(cfg)
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
-        self.ranks = Ranks(self.rank, self.world, cfg.rollout.tensor_parallel)
+        try:
+            self.ranks = Ranks(self.rank, self.world, cfg.rollout.tensor_parallel)
+        except ValueError as err:
+            raise LayoutError(str(err)) from None
         self.comm = Comm(self.ranks, self.acc.device)
         start_wait_reports(cfg.train.wait_report_s, log, self.rank)
         # rank 0 prepared the output directory (and the tiny preset's files) before it joined the
@@ -179,17 +186,17 @@ class Trainer:
         # from here a dead or stopped rank ends every rank within train.heartbeat_timeout_s
         self.heartbeat = heartbeat.start(cfg, self.rank, self.world)
         if self.world > 1 and cfg.train.sharding == "fsdp2" and cfg.rollout.engine == "hf":
-            raise ValueError(
+            raise LayoutError(
                 "rollout.engine=hf generates with the trainer's module, which train.sharding=fsdp2 "
                 "shards over ranks that generate different lengths; use rollout.engine=vllm"
             )
         algo = cfg.algo
         if algo.train_groups % self.world:
-            raise ValueError(
+            raise LayoutError(
                 f"algo.train_groups={algo.train_groups} is not divisible by the {self.world} processes"
             )
         if cfg.gen_groups % self.ranks.dp_size:
-            raise ValueError(
+            raise LayoutError(
                 f"rollout.gen_groups={cfg.gen_groups} is not divisible by the {self.ranks.dp_size} rollout "
                 f"groups ({self.world} processes / rollout.tensor_parallel={self.ranks.tensor_parallel})"
             )
@@ -454,16 +461,19 @@ class Trainer:
         per_group = c.gen_groups // me.dp_size
         t0 = time.perf_counter()
         while not sampler.done:
-            problems = self.stream.take(c.gen_groups)[me.dp_rank * per_group : (me.dp_rank + 1) * per_group]
+            first = me.dp_rank * per_group
+            problems = self.stream.take(c.gen_groups)[first : first + per_group]
             prompts = [self._encode(p.prompt) for p in problems]
-            seed = _seed(c.rollout.seed, me.dp_rank, self.step, sampler.rounds)
+            # each prompt's seed from its place in the round's global draw, not from the rank:
+            # the same samples on any number of processes (a run resumes on another world size)
+            seed = [_seed(c.rollout.seed, self.step, sampler.rounds, first + i) for i in range(len(prompts))]
             gens = self.engine.generate(
                 prompts,
                 n=algo.group_size,
                 max_tokens=algo.max_len,
                 temperature=c.rollout.temperature,
                 top_p=c.rollout.top_p,
-                seed=seed,
+                seeds=seed,
             )
             digest = round_digest(prompts, seed, [[x.token_ids for x in row] for row in gens])
             if c.output.trace_rollouts:
@@ -560,7 +570,10 @@ class Trainer:
                 max_tokens=e.max_new_tokens or algo.max_len,
                 temperature=e.temperature,
                 top_p=e.top_p,
-                seed=_seed("eval", me.dp_rank, self.step),
+                seeds=[
+                    _seed("eval", self.step, i)
+                    for i in range(me.dp_rank, len(self.eval_problems), me.dp_size)
+                ],
             )
             if mine
             else []
@@ -578,7 +591,10 @@ class Trainer:
         everything = self.comm.all_gather(
             results if me.tp_rank == 0 else [], f"the other rollout groups' evaluation at step {self.step}"
         )
-        flat = [r for part in everything for r in part]
+        # back in the problems' own order (rollout group d held problems d, d + dp_size, ...), so
+        # the bootstrap intervals do not depend on the number of processes
+        parts = [everything[d * me.tensor_parallel] for d in range(me.dp_size)]
+        flat = [parts[i % me.dp_size][i // me.dp_size] for i in range(sum(map(len, parts)))]
         return summarize(flat) if flat else {}
 
     # ---- the loop --------------------------------------------------------------------------
@@ -718,19 +734,27 @@ class Trainer:
         if path is None:
             return None
         state = ckpt.load_trainer_state(path)
-        if state["world_size"] != self.world:
+        written = state.get("config", {}).get("train", {}).get("sharding", self.cfg.train.sharding)
+        if written != self.cfg.train.sharding:
             raise ckpt.ResumeError(
-                f"--resume: {path} was written by {state['world_size']} processes and this run has "
-                f"{self.world}; relaunch with {state['world_size']} processes"
+                f"--resume: {path} was written with train.sharding={written} and this run has "
+                f"train.sharding={self.cfg.train.sharding}; resume it with train.sharding={written}"
             )
         return path, state
 
     def _resume(self, path: Path, state: dict[str, Any]) -> None:
         ckpt.load(path, model=self._policy, optimizer=self.optimizer)
         self.scheduler.load_state_dict(ckpt.load_tensors(path, "scheduler.pt"))
-        mine = ckpt.load_tensors(path, f"rank{self.rank}.pt")
-        ckpt.set_rng_state(mine["rng"])
+        written = int(state["world_size"])
+        # the prompt stream is the same on every rank: rank 0's position serves any world size;
+        # the RNG streams are per rank and carry over only to the same world size
+        mine = ckpt.load_tensors(path, f"rank{self.rank if written == self.world else 0}.pt")
+        if written == self.world:
+            ckpt.set_rng_state(mine["rng"])
         self.stream.load_state_dict(mine["stream"])
         self.step = int(state["step"])
         self.totals = {k: float(v) for k, v in state["totals"].items()}
-        self.log(f"resumed from {path} at step {self.step}")
+        moved = (
+            f" (written by {written} processes, resharded onto {self.world})" if written != self.world else ""
+        )
+        self.log(f"resumed from {path} at step {self.step}{moved}")

@@ -144,15 +144,19 @@ def test_hf_engine_three_steps_and_resume_equals_uninterrupted(tiny, tmp_path):
         assert torch.allclose(exported[0][k], exported[1][k], atol=1e-6), k
     r = run_cli(["export", str(tmp_path / "nowhere"), str(tmp_path / "x")])
     assert r.returncode == 2 and "nowhere" in r.stderr
-    # a checkpoint of another world size this run cannot continue: one line, exit 2, before the
-    # model loads, and nothing of the run lost
+    # a checkpoint of a layout this run cannot continue: one line, exit 2, before the model
+    # loads, and nothing of the run lost
     last = sorted((b / "checkpoints").glob("step_*"))[-1]
     state = json.loads((last / "trainer_state.json").read_text())
-    (last / "trainer_state.json").write_text(json.dumps({**state, "world_size": 3}))
+    state["config"]["train"]["sharding"] = "fsdp2"
+    (last / "trainer_state.json").write_text(json.dumps(state))
     before = (b / "metrics.jsonl").read_text()
     r = run_cli(base + overrides(tiny, b, "rollout.engine=hf") + ["--resume", "auto"])
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert f"--resume: {last} was written by 3 processes and this run has 1" in r.stderr
+    assert (
+        f"--resume: {last} was written with train.sharding=fsdp2 and this run has train.sharding=none"
+        in r.stderr
+    )
     assert (b / "metrics.jsonl").read_text() == before
 
 
@@ -342,3 +346,30 @@ def test_engine_failures_are_clear_errors():
     eng.llm = BrokenLLM()
     with pytest.raises(EngineError, match="boom"):
         eng.sync_weights([("lm_head.weight", torch.zeros(1))])
+
+
+def test_per_prompt_seeds_make_samples_independent_of_the_batch(tiny):
+    """What lets a run resume on another number of processes: with one seed per prompt, a
+    prompt's samples are the same alone, in a batch, or in another order (the HF engine here;
+    vLLM seeds each request's generator, checked by the rehearsal's resumes)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from scale.engines import make_engine
+
+    tok = AutoTokenizer.from_pretrained(tiny["model"])
+    engine = make_engine(
+        "hf",
+        model=AutoModelForCausalLM.from_pretrained(tiny["model"]),
+        eos_id=tok.eos_token_id,
+        pad_id=tok.pad_token_id,
+    )
+    prompts = [tok(f"Q: {a} + 1 = ?").input_ids for a in range(4)]
+    seeds = [11, 12, 13, 14]
+
+    def gen(ps, ss):
+        return [[g.token_ids for g in row] for row in engine.generate(ps, n=3, max_tokens=8, seeds=ss)]
+
+    together = gen(prompts, seeds)
+    assert together == gen(prompts[:2], seeds[:2]) + gen(prompts[2:], seeds[2:])
+    assert together == gen(prompts[::-1], seeds[::-1])[::-1]
+    assert together != gen(prompts, [s + 100 for s in seeds])  # the seed matters

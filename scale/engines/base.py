@@ -34,8 +34,11 @@ class RolloutEngine(Protocol):
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int = 0,
+        seeds: list[int] | None = None,
     ) -> list[list[Generation]]:
-        """``n`` samples for each prompt, in prompt order."""
+        """``n`` samples for each prompt, in prompt order. ``seeds`` (one per prompt) makes each
+        prompt's samples depend on its own seed only, not on the batch it came in: the same
+        run on any number of engines then samples the same responses."""
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         """Load the trainer's weights (all tensors, output layer included)."""

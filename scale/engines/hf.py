@@ -28,19 +28,25 @@ class HFEngine:
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int = 0,
+        seeds: list[int] | None = None,
     ) -> list[list[Generation]]:
         out: list[list[Generation]] = []
         device = next(self.model.parameters()).device
         was_training = self.model.training
         self.model.eval()
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            for s in range(0, len(prompts), self.batch_prompts):
-                out.extend(
-                    self._batch(
-                        prompts[s : s + self.batch_prompts], n, max_tokens, temperature, top_p, device
+            if seeds is not None:  # each prompt alone, from its own seed
+                for p, s in zip(prompts, seeds, strict=True):
+                    torch.manual_seed(s)
+                    out.extend(self._batch([p], n, max_tokens, temperature, top_p, device))
+            else:
+                torch.manual_seed(seed)
+                for s in range(0, len(prompts), self.batch_prompts):
+                    out.extend(
+                        self._batch(
+                            prompts[s : s + self.batch_prompts], n, max_tokens, temperature, top_p, device
+                        )
                     )
-                )
         self.model.train(was_training)
         check_generations(out, len(prompts), n, max_tokens)
         return out

@@ -134,13 +134,20 @@ class VLLMEngine:
         temperature: float = 1.0,
         top_p: float = 1.0,
         seed: int = 0,
+        seeds: list[int] | None = None,
     ) -> list[list[Generation]]:
         from vllm import SamplingParams
 
         self.wake()
-        params = SamplingParams(
-            n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0, seed=seed
-        )
+
+        def sampling(s: int) -> SamplingParams:
+            return SamplingParams(
+                n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0, seed=s
+            )
+
+        # per-request seeds (one generator per request in vLLM): a prompt's samples do not depend
+        # on the batch it came in
+        params = [sampling(s) for s in seeds] if seeds is not None else sampling(seed)
         try:
             outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         except Exception as err:
