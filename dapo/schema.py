@@ -58,6 +58,7 @@ SCHEMA: dict[str, str] = {
     "mismatch/tis_capped_frac": "fraction of tokens whose importance weight hit the cap",
     # read from peers' logs by dapo diagnose (this project does not produce them)
     "actor/ref_kl": "KL to the reference policy (TRL `kl`, verl `actor/kl_loss`; DAPO drops it)",
+    "eval/score": "validation score, higher is better (verl `val-core/*/mean@N`, TRL `eval_reward`; this project: eval/avg@k)",
     "rollout/groups_uniform": "fraction of groups whose rewards are all equal (TRL `frac_reward_zero_std`)",
     "rollout/reward_std": "mean within-group standard deviation of the reward (TRL `reward_std`)",
     "rollout/reward_max": "largest reward of the step (verl `critic/score/max`)",
@@ -72,11 +73,14 @@ SCHEMA: dict[str, str] = {
             "entropy_explosion",
             "vanishing_signal",
             "not_learning",
+            "reward_collapse",
+            "validation",
             "length_growth",
             "truncation_noise",
             "rollout_mismatch",
             "kl_blowup",
             "gradients",
+            "loss_spikes",
         )
     },
 }

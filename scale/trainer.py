@@ -54,12 +54,13 @@ from .topology import Comm, Ranks, all_max, barrier, make_accelerator, start_wai
 
 
 def _trim_jsonl(path: Path, step: int) -> list[dict[str, Any]]:
-    """Drop the lines of ``path`` (JSONL, one object per line with ``step``) of steps >= ``step``:
-    on resume, the steps that will run again. The lines kept ([] without the file)."""
+    """Drop the lines of ``path`` (JSONL, one object per line with ``step``, counted from 1) of
+    steps after ``step`` (the steps completed): on resume, the steps that will run again. The
+    lines kept ([] without the file)."""
     if not path.is_file():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    keep = [r for r in rows if r.get("step", -1) < step]
+    keep = [r for r in rows if r.get("step", 0) <= step]
     path.write_text("".join(json.dumps(r) + "\n" for r in keep))
     return keep
 
@@ -489,7 +490,7 @@ class Trainer:
             batch = sampler.take()
         for w in caught:
             if self.acc.is_main_process:
-                self.log(f"step {self.step}: {w.message}")
+                self.log(f"step {self.step + 1}: {w.message}")
         if c.output.trace_rollouts:  # what this rank trains on
             self._trace(
                 share_groups=batch.num_groups if batch is not None else 0,
@@ -509,7 +510,7 @@ class Trainer:
         path = self._trace_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         line = {
-            "step": self.step,
+            "step": self.step + 1,  # the step being made, numbered as printed and in metrics.jsonl
             **{k: getattr(self.ranks, k) for k in ("rank", "dp_rank", "tp_rank")},
             **fields,
         }
@@ -605,7 +606,7 @@ class Trainer:
         metric that differs across ranks is a bug: it is logged."""
         if self.world == 1:
             return m
-        parts = self.comm.all_gather(m, f"the metrics of step {self.step}")
+        parts = self.comm.all_gather(m, f"the metrics of step {self.step + 1}")
         out = {}
         for k in sorted({k for p in parts for k in p}):
             vals = [p[k] for p in parts if k in p and not (isinstance(p[k], float) and math.isnan(p[k]))]
@@ -615,7 +616,7 @@ class Trainer:
             out[k] = parts[0].get(k, math.nan)
             if self.acc.is_main_process and vals and max(vals) - min(vals) > 1e-6 * max(1.0, abs(vals[0])):
                 self.log(
-                    f"step {self.step}: warning: metric {k} differs across ranks ({min(vals)} .. {max(vals)})"
+                    f"step {self.step + 1}: warning: metric {k} differs across ranks ({min(vals)} .. {max(vals)})"
                 )
         return out
 
@@ -656,12 +657,12 @@ class Trainer:
             self.totals["skipped_steps"] += m["actor/skipped_steps"]
             if m["actor/skipped_steps"] and self.acc.is_main_process:
                 self.log(
-                    f"step {self.step}: skipped {m['actor/skipped_steps']:.0f} optimizer step(s) with a "
+                    f"step {self.step + 1}: skipped {m['actor/skipped_steps']:.0f} optimizer step(s) with a "
                     "non-finite loss or gradient; weights left unchanged for them"
                 )
-            m["step"] = float(self.step)
             m.update({f"cost/{k}_total": v for k, v in self.totals.items()})
             self.step += 1
+            m["step"] = self.step  # steps count from 1: the number printed, logged and checkpointed
             if c.eval.every and self.step % c.eval.every == 0:
                 scores = self.evaluate()
                 m.update(scores)

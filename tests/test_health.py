@@ -36,14 +36,52 @@ def test_entropy_collapse_fires_with_start_step_and_clip_evidence():
     assert short.status == "unknown" and short.reason == "too few steps"
 
 
-def test_entropy_collapse_while_still_learning_is_a_warning_not_a_failure():
-    """A policy converging on a task it is solving: entropy falls, accuracy keeps rising."""
+def test_entropy_falling_while_learning_is_convergence_and_a_plateau_short_of_the_top_is_collapse():
+    """Falling entropy is judged by what learning does after it began to fall (paper Fig. 2):
+    still rising over the later half of that time, or saturated (at the top of its range, or
+    the validation score at its best), is a policy converging: healthy, and said so. Rising to
+    mid-run and then flat for the second half short of the top is a collapse: the question is
+    whether it still rises now, not whether it rose since the onset."""
     ent = ramp(100, 0.3, 0.06)
     rising = [{"step": i, "actor/entropy": e, "rollout/accuracy": 0.5 + 0.004 * i} for i, e in enumerate(ent)]
     f = status(rising, "entropy_collapse")
-    assert f.status == "warning" and "still rising" in f.evidence
+    assert f.status == "healthy" and "still rising" in f.evidence and "converging" in f.evidence
     stalled = [{**r, "rollout/accuracy": 0.5 + 0.01 * (r["step"] % 2)} for r in rising]
     assert status(stalled, "entropy_collapse").status == "failing"
+    # rises until mid-run, then flat at 0.6 for the second half, entropy at 5% of its start
+    ent = ramp(50, 1.0, 0.05) + [0.05] * 50
+    plateau = [
+        {"step": i, "actor/entropy": e, "rollout/accuracy": min(0.2 + 0.008 * i, 0.6) + 0.01 * (i % 2)}
+        for i, e in enumerate(ent)
+    ]
+    f = status(plateau, "entropy_collapse")
+    assert f.status == "failing" and "no longer rising" in f.evidence
+    top = [
+        {**r, "rollout/accuracy": min(0.2 + 0.02 * r["step"], 0.97) + 0.01 * (r["step"] % 2)} for r in plateau
+    ]
+    f = status(top, "entropy_collapse")
+    assert f.status == "healthy" and "of its range" in f.evidence  # saturated: nothing left to explore
+    # a reward whose range the log gives (verl's critic/score/min and max), near its maximum
+    rewards = [
+        {
+            "step": r["step"],
+            "actor/entropy": r["actor/entropy"],
+            "rollout/reward_mean": r["rollout/accuracy"] * 2 - 1,
+            "rollout/reward_min": -1.0,
+            "rollout/reward_max": 1.0,
+        }
+        for r in top
+    ]
+    assert status(rewards, "entropy_collapse").status == "healthy"
+    no_range = [
+        {k: v for k, v in r.items() if k not in ("rollout/reward_min", "rollout/reward_max")} for r in rewards
+    ]
+    assert status(no_range, "entropy_collapse").status == "failing"  # flat, and no known top
+    with_val = [
+        {**r, **({"eval/score": 0.4 + 0.001 * r["step"]} if r["step"] % 10 == 0 else {})} for r in plateau
+    ]
+    f = status(with_val, "entropy_collapse")
+    assert f.status == "healthy" and "validation score" in f.evidence  # held-out score still at its best
 
 
 def test_entropy_advice_checks_the_runs_own_clip_and_knobs():
@@ -136,8 +174,11 @@ def test_not_learning_ceiling_flat_and_learning():
     f = status(ceiling, "not_learning")
     assert f.status == "warning" and "ceiling" in f.evidence
     noise = [0.31, 0.29, 0.30, 0.32, 0.28]
-    flat = [{"step": i, "rollout/reward_mean": noise[i % 5]} for i in range(80)]
+    flat = [{"step": i, "rollout/reward_mean": noise[i % 5]} for i in range(40)]
     assert status(flat, "not_learning").status == "warning"
+    flat = [{"step": i, "rollout/reward_mean": noise[i % 5]} for i in range(80)]
+    f = status(flat, "not_learning")  # 8 windows without a rise: the run does not learn
+    assert f.status == "failing" and "not rising over 80 steps" in f.evidence
     learning = [{"step": i, "rollout/reward_mean": 0.1 + 0.005 * i + 0.01 * (i % 2)} for i in range(80)]
     assert status(learning, "not_learning").status == "healthy"
 
@@ -195,6 +236,78 @@ def test_kl_blowup_early_late_and_steady_growth():
     nan = [{"step": i, "actor/approx_kl": math.nan if i == 30 else 0.002} for i in range(40)]
     f = status(nan, "kl_blowup")
     assert f.status == "failing" and "non-finite" in f.evidence and f.start_step == 30
+
+
+def test_kl_that_explodes_early_and_stays_high_is_judged_from_its_start_and_ceilings():
+    """'KL diverged 0.01 -> 3.0': a KL that is high for most of the run becomes its own median, so
+    the rule judges against the start and the absolute ceilings, never the median."""
+    stays = [{"step": i, "actor/ref_kl": 0.01 if i < 5 else 2.5 + 0.5 * (i % 2)} for i in range(60)]
+    f = status(stays, "kl_blowup")
+    assert (
+        f.status == "failing" and f.start_step is not None and f.start_step <= 6 and "ceilings" in f.evidence
+    )
+    # old verl prints KL to 3 decimals: judged by the ceilings its resolution can show
+    coarse = [{"step": i, "actor/approx_kl": (0.0, 0.001)[i % 2]} for i in range(60)]
+    assert status(coarse, "kl_blowup").status == "healthy"
+    # recurring spikes the run keeps coming back from while it learns: a warning, not a failure
+    spiky = [
+        {"step": i, "actor/ref_kl": 30.0 if i % 10 == 5 else 0.01, "rollout/reward_mean": 0.1 + 0.007 * i}
+        for i in range(100)
+    ]
+    f = status(spiky, "kl_blowup")
+    assert f.status == "warning" and "kept learning" in f.evidence
+    flat = [{**r, "rollout/reward_mean": 0.2 + 0.01 * (r["step"] % 3)} for r in spiky]
+    assert status(flat, "kl_blowup").status == "failing"  # the same spikes, and nothing learned
+
+
+def test_reward_collapse_rose_then_fell_and_stays_down():
+    def run(values):
+        return [{"step": i, "rollout/accuracy": v + 0.01 * (i % 2)} for i, v in enumerate(values)]
+
+    back = run(ramp(40, 0.1, 0.6) + ramp(20, 0.6, 0.1) + [0.1] * 20)
+    f = status(back, "reward_collapse")
+    assert f.status == "failing" and "back at its start" in f.evidence and 40 <= f.start_step <= 60
+    half = run(ramp(40, 0.1, 0.6) + ramp(20, 0.6, 0.3) + [0.3] * 20)
+    f = status(half, "reward_collapse")
+    assert f.status == "warning" and "of its gain" in f.evidence
+    plateau = run(ramp(40, 0.1, 0.6) + [0.6] * 40)
+    assert status(plateau, "reward_collapse").status == "healthy"
+    dip = run(ramp(40, 0.1, 0.6) + [0.3] * 5 + [0.6] * 35)  # fell and came back
+    assert status(dip, "reward_collapse").status == "healthy"
+    assert status(run([0.3] * 6), "reward_collapse").reason == "too few steps"
+
+
+def test_loss_spikes_and_a_non_finite_loss():
+    calm = [{"step": i, "actor/loss": 0.01 * ((i % 5) - 2)} for i in range(60)]
+    assert status(calm, "loss_spikes").status == "healthy"
+    # GRPO's loss near 0: tiny wiggles are no spikes (an absolute floor), 1e3 is
+    near0 = [{"step": i, "actor/loss": 1e-5 * (i % 3)} for i in range(60)]
+    assert status(near0, "loss_spikes").status == "healthy"
+    spikes = [{**r, "actor/loss": 1083.0 if r["step"] in (10, 30, 50, 55) else r["actor/loss"]} for r in calm]
+    f = status(spikes, "loss_spikes")
+    assert f.status == "failing" and f.start_step == 10 and "1.08e+03" in f.evidence
+    nan = [{**r, "actor/loss": math.nan if r["step"] == 7 else r["actor/loss"]} for r in calm]
+    f = status(nan, "loss_spikes")
+    assert f.status == "failing" and "non-finite" in f.evidence and f.start_step == 7
+
+
+def test_validation_score_falling_from_its_best():
+    def run(scores):
+        return [{"step": 10 * i, "eval/score": v} for i, v in enumerate(scores)]
+
+    assert status(run([0.3, 0.5, 0.6, 0.62, 0.61]), "validation").status == "healthy"
+    f = status(run([0.3, 0.5, 0.6, 0.45, 0.44]), "validation")
+    assert f.status == "warning" and f.start_step == 20 and "best 0.6" in f.evidence
+    assert status(run([0.3, 0.5, 0.2]), "validation").status == "failing"
+    assert status(run([0.3, 0.5]), "validation").reason == "too few steps"
+
+
+def test_evidence_reads_right():
+    """'0.14x its start, still rising' under entropy explosion, and 'needs 1 windows', were said."""
+    down = [{"step": i, "actor/entropy": e} for i, e in enumerate([*ramp(60, 0.44, 0.06), 0.06, 0.07, 0.08])]
+    assert "still rising" not in status(down, "entropy_explosion").evidence
+    one = status([{"step": 0, "rollout/truncation_rate": 0.0}], "truncation_noise")
+    assert "1 window of" in one.evidence and "1 windows" not in one.evidence
 
 
 def test_gradients_early_blowup_zero_runs_nan_and_skips():
@@ -265,7 +378,7 @@ def test_verdict_inconclusive_when_most_rules_cannot_judge():
     fs = diagnose(only_trunc)
     v = verdict(fs)
     assert v.status == "inconclusive" and v.judged == 1
-    assert "8 of 9 rules could not judge" in v.headline() and "not logged" in v.headline()
+    assert "11 of 12 rules could not judge" in v.headline() and "not logged" in v.headline()
     failing = [{**r, "rollout/truncation_rate": 1.0} for r in only_trunc]
     assert verdict(diagnose(failing)).status == "failing"  # evidence of a failure stands on its own
 
@@ -351,9 +464,9 @@ def test_reference_bands_from_runs_and_units():
 def test_health_monitor_writes_verdicts_every_n_steps():
     mon = HealthMonitor(every_steps=10)
     outs, lines = [], []
-    for i in range(60):
+    for i in range(60):  # steps count from 1, as the trainer prints and logs them
         out, line = mon.observe(
-            {"step": i, "actor/entropy": 1.0 if i < 20 else 0.2, "rollout/truncation_rate": 0.0}
+            {"step": i + 1, "actor/entropy": 1.0 if i < 20 else 0.2, "rollout/truncation_rate": 0.0}
         )
         outs.append(out)
         if line:
@@ -408,3 +521,11 @@ def test_rules_fire_on_toy_failures_and_less_on_fixed_runs(toy_results):
     assert m["truncation_noise"]["fixed"].get("failing", 0) == 0
     ds_rows = [r for r in suite["rows"] if r["case"] == "vanishing_signal" and r["role"] == "fixed"]
     assert all("rounds" in r["evidence"] for r in ds_rows)
+    # faults injected late (step 30): every one found, by the rule it belongs to, within a window
+    d = suite["detection"]
+    for rule in ("rollout_mismatch", "gradients"):
+        assert d[rule]["recall"] == 1.0 and d[rule]["precision"] == 1.0, d[rule]
+        assert d[rule]["lead_runs"] == 10 and d[rule]["lead_missed"] == 0 and d[rule]["lead_max"] <= 10, d[
+            rule
+        ]
+    assert d["entropy_collapse"]["lead_runs"] == 10 and d["entropy_collapse"]["lead_min"] >= 0

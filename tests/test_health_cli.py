@@ -1,6 +1,7 @@
 """``dapo diagnose``: exit statuses, the report and its figures, knobs, and --follow."""
 
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -46,7 +47,7 @@ def test_exit_statuses(tmp_path, capsys):
     assert main([str(collapse), "--fail-on", "failing"]) == EXIT_FAIL
     sparse = write(tmp_path / "s.jsonl", rows(40, **{"rollout/truncation_rate": 0.0}))
     assert main([str(sparse)]) == 0  # no gate asked for
-    assert "inconclusive (8 of 9 rules could not judge: 8 not logged)" in capsys.readouterr().out
+    assert "inconclusive (11 of 12 rules could not judge: 11 not logged)" in capsys.readouterr().out
     assert main([str(sparse), "--fail-on", "failing"]) == EXIT_INCONCLUSIVE
     assert main([str(sparse), "--fail-on", "warning"]) == EXIT_INCONCLUSIVE
     healthy = write(
@@ -69,8 +70,8 @@ def test_exit_statuses(tmp_path, capsys):
     capsys.readouterr()
     assert main([str(healthy), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["run"]["verdict"] == "healthy" and doc["run"]["judged"] == 8
-    assert doc["run"]["unknown"] == {"not logged": ["rollout_mismatch"]}
+    assert doc["run"]["verdict"] == "healthy" and doc["run"]["judged"] == 9
+    assert doc["run"]["unknown"] == {"not logged": ["validation", "rollout_mismatch", "loss_spikes"]}
 
 
 def test_knobs_from_flag_and_run_dir_change_the_advice(tmp_path, capsys):
@@ -94,8 +95,9 @@ def test_report_figures_have_titles_panels_and_units(tmp_path, capsys):
     rep = tmp_path / "rep"
     assert main([str(CAL / "website-sanitizer-qwen0.5b-grpo-truncation.log"), "--report", str(rep)]) == 0
     md = (rep / "report.md").read_text()
-    assert "## run: failing" in md and "Truncation noise: failing" in md and "What to do:" in md
-    assert "![run](run0.png)" in md and (rep / "run0.png").stat().st_size > 20000
+    name = "website-sanitizer-qwen0.5b-grpo-truncation"  # the run is named after its file
+    assert f"## {name}: failing" in md and "Truncation noise: failing" in md and "What to do:" in md
+    assert f"![{name}]({name}.png)" in md and (rep / f"{name}.png").stat().st_size > 20000
     assert "shared/" not in md  # cites the paper, not a path outside the repository
     # 5-token answers are not drawn against the paper's 1k-4k-token band; a long-CoT run is
     short = rows(40, **{"rollout/length_mean": 5.0, "actor/entropy": 0.6})
@@ -111,6 +113,78 @@ def test_report_figures_have_titles_panels_and_units(tmp_path, capsys):
     main([str(tmp_path / "multi.jsonl"), "--run-label", "arm=long", "--report", str(tmp_path / "r3")])
     md = (tmp_path / "r3" / "report.md").read_text()
     assert "`rollout/length_mean`: reference band" in md and "arXiv:2503.14476" in md
+    run_dir = tmp_path / "qwen-32b"
+    run_dir.mkdir()
+    write(run_dir / "metrics.jsonl", long)
+    main([str(run_dir), "--report", str(tmp_path / "r4")])
+    assert (tmp_path / "r4" / "qwen-32b.png").is_file()  # a run directory: named after it
+
+
+def test_bands_are_drawn_only_on_the_runs_scale():
+    """The paper's Figure-7 bands squashed runs far off their scale: a -0.6..0.2 reward band
+    against a run at 0.65-0.94, an entropy band at 0.55-0.8 against 0.05-0.47."""
+    from dapo.health import PAPER_REFERENCES as P
+
+    assert not P["rollout/reward_mean"].comparable([0.65 + 0.29 * i / 99 for i in range(100)])
+    assert not P["actor/entropy"].comparable([0.47 - 0.42 * i / 99 for i in range(100)])
+    assert P["rollout/reward_mean"].comparable([-0.6 + 0.8 * i / 99 for i in range(100)])
+    assert P["actor/entropy"].comparable([0.62 + 0.1 * i / 99 for i in range(100)])
+    assert P["rollout/length_mean"].comparable([900 + 30 * i for i in range(100)])
+    assert not P["rollout/length_mean"].comparable([4.0, 6.0])
+
+
+def test_figure_legends_sit_outside_the_data_and_missing_values_are_gaps(tmp_path):
+    pytest.importorskip("seaborn")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dapo.health import diagnose
+    from dapo.health.report import _drawn, plots
+
+    run = rows(
+        60, **{"actor/entropy": lambda i: 1.0 - 0.01 * i, "actor/grad_norm": 0.3, "rollout/accuracy": 0.5}
+    )
+    for r in run[20:25]:
+        del r["actor/grad_norm"]  # steps that trained nothing: no grad norm
+    for r in run:
+        if r["step"] % 10:
+            continue
+        r["eval/score"] = 0.4
+    xs, ys, dense = _drawn(run, "actor/grad_norm")
+    assert dense and len(xs) == 60 and all(math.isnan(y) for y in ys[20:25])
+    assert not _drawn(run, "eval/score")[2]  # a sparse series: markers, no gaps
+    captured = {}
+    real_savefig = plt.Figure.savefig
+
+    def keep(fig, *a, **k):
+        captured["fig"] = fig
+        return real_savefig(fig, *a, **k)
+
+    plt.Figure.savefig = keep
+    try:
+        plots(tmp_path, "x.jsonl", {"run": run}, {"run": diagnose(run)}, {"run": "healthy"}, {}, 1)
+    finally:
+        plt.Figure.savefig = real_savefig
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = captured["fig"]
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) >= 4
+    for ax in panels:
+        legend = ax.get_legend().get_window_extent(renderer)
+        for other in panels:  # over no panel's plotting area, its own included
+            data = other.get_window_extent(renderer)
+            assert not (
+                legend.x0 < data.x1 and data.x0 < legend.x1 and legend.y0 < data.y1 and data.y0 < legend.y1
+            ), (
+                ax.get_title(),
+                other.get_title(),
+            )
 
 
 def test_follow_prints_a_line_when_a_verdict_changes(tmp_path):
@@ -187,3 +261,27 @@ def test_follow_cli_on_a_run_that_is_still_writing(tmp_path):
     t.join()
     assert proc.returncode == 0, err
     assert "truncation_noise" in out and "-> failing" in out and "Traceback" not in err
+
+
+def test_follow_on_a_path_that_never_appears_says_so_and_fails(tmp_path):
+    """``--follow`` on a typo: one line saying it waits, then a nonzero exit at --until-idle."""
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dapo.cli",
+            "diagnose",
+            str(tmp_path / "runs" / "typo"),
+            "--follow",
+            "--interval",
+            "0.2",
+            "--until-idle",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "waiting for" in r.stdout and "no such file or directory" in r.stdout
+    assert "still no log after waiting" in r.stderr

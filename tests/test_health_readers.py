@@ -29,14 +29,15 @@ def test_verl_console_as_printed():
     """``(main_task pid=...) step:N - key:value - ...`` with verl's old entropy name."""
     run, notes, fmt = one(CAL / "verl-data-qwen2-7b-grpo-gsm8k.log")
     assert fmt == "verl-console" and not notes
-    assert [r["step"] for r in run] == list(range(1, 106))  # step 0 holds validation only
+    assert [r["step"] for r in run] == list(range(106))
+    assert run[0] == {"step": 0, "eval/score": 0.229}  # step 0 holds the first validation only
     r = at(run, 2)
     assert r["actor/entropy"] == 0.329  # actor/entropy_loss: the entropy before verl 0.4
     assert r["rollout/reward_mean"] == 0.252 and r["rollout/length_mean"] == 198.214
     assert r["actor/ref_kl"] == 0.009 and r["actor/approx_kl"] == 0.001  # kl_loss vs ppo_kl
     assert r["rollout/advantage_abs_max"] == 1.789
     run, _, fmt = one(CAL / "houkawa2-coderl-ppo.log")  # Ray prefix, gaps in the steps
-    assert fmt == "verl-console" and run[0]["step"] == 1 and run[-1]["step"] == 1064
+    assert fmt == "verl-console" and run[0]["step"] == 1 and run[-1] == {"step": 1065, "eval/score": 0.14}
 
 
 def test_trl_console_dicts_amid_progress_bars():
@@ -57,7 +58,7 @@ def test_trl_console_dicts_amid_progress_bars():
     # numbers printed as strings ('loss': '-0.1081'), and bars that are not beside their dicts
     # (stderr interleaved with stdout): the bars are set aside, steps come from the epochs
     run, notes, _ = one(CAL / "chaos-economy-grpo-truncated.log")
-    assert all(isinstance(v, float) for r in run for v in r.values())
+    assert all(isinstance(v, float) for r in run for k, v in r.items() if k != "step")
     assert [r["step"] for r in run] == list(range(5, 255, 5)) and "do not match" in notes[0]
     # the bar after each dict (the redraw), with epochs rounded to 0.0 early on
     run, notes, _ = one(CAL / "juncylu-trl-dapo.log")
@@ -259,8 +260,10 @@ def test_a_log_dict_is_never_evaluated(tmp_path):
     f = tmp_path / "evil.log"
     marker = tmp_path / "pwned"
     f.write_text(f"{{'loss': __import__('pathlib').Path('{marker}').touch(), 'grad_norm': 1.0}}\n")
-    with pytest.raises(RunLogError, match=r"evil.log:1: a dict that is not a Python literal"):
+    with pytest.raises(RunLogError, match=r"evil.log: not a log format this tool reads"):
         read_runs(f)
+    with pytest.raises(RunLogError, match=r"evil.log:1: a dict that is not a Python literal"):
+        read_runs(f, "trl-console")
     assert not marker.exists()
 
 

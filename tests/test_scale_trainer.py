@@ -106,7 +106,7 @@ def test_hf_engine_three_steps_and_resume_equals_uninterrupted(tiny, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "step 1: health: start -> inconclusive" in r.stdout + r.stderr
     full = metrics(a)
-    assert [m["step"] for m in full] == [0, 1, 2]
+    assert [m["step"] for m in full] == [1, 2, 3]
     assert all(m["health/verdict"] in (0, 1, 2, 3) and "health/entropy_collapse" in m for m in full)
     assert sum(m["actor/optimizer_steps"] for m in full) > 0
     # the tiny eval file repeats one of its 8 problems: evaluation runs on the unique ones
@@ -122,7 +122,7 @@ def test_hf_engine_three_steps_and_resume_equals_uninterrupted(tiny, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout + r.stderr
     resumed = metrics(b)
-    assert [m["step"] for m in resumed] == [0, 1, 2]
+    assert [m["step"] for m in resumed] == [1, 2, 3]
     for x, y in zip(full, resumed):
         assert_same(comparable(x), comparable(y))
     # the weights too: both runs' last checkpoints, exported, are the same model
@@ -160,6 +160,46 @@ def test_hf_engine_three_steps_and_resume_equals_uninterrupted(tiny, tmp_path):
     assert (b / "metrics.jsonl").read_text() == before
 
 
+def test_live_and_offline_health_verdicts_agree_at_every_step(tiny, tmp_path):
+    """What a new user does: train with the live diagnosis on, then `dapo diagnose` the run. The
+    trainer's health/* values at each diagnosed step equal the offline verdicts on the rows of
+    metrics.jsonl up to that step; steps that trained nothing (no accepted group: their actor
+    metrics are null) are not read as a non-finite blow-up; steps are the integers printed."""
+    from dapo.health import diagnose, verdict
+    from dapo.health.readers import read_runs
+    from dapo.health.verdict import SEVERITY, VERDICT_CODE
+
+    out = tmp_path / "live"
+    r = run_cli(
+        [
+            "train",
+            "--config",
+            "tiny-cpu",
+            "train.steps=40",
+            "diagnose.every_steps=5",
+            "output.checkpoint_every=0",
+            *overrides(tiny, out, "rollout.engine=hf"),
+        ]
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    raw = metrics(out)
+    assert [m["step"] for m in raw] == list(range(1, 41)) and all(isinstance(m["step"], int) for m in raw)
+    idle = [m["step"] for m in raw if m["actor/optimizer_steps"] == 0]
+    (run,) = read_runs(out)[0].values()
+    diagnosed = [m for m in raw if "health/verdict" in m]
+    assert [m["step"] for m in diagnosed] == [5, 10, 15, 20, 25, 30, 35, 40]
+    for m in diagnosed:
+        fs = diagnose([row for row in run if row["step"] <= m["step"]])
+        offline = {f"health/{f.rule}": float(SEVERITY[f.status]) for f in fs}
+        offline["health/verdict"] = float(VERDICT_CODE[verdict(fs).status])
+        assert {k: m[k] for k in offline} == offline, f"step {m['step']}"
+        assert all(f.status != "failing" or "non-finite" not in f.evidence for f in fs)
+    for line in (r.stdout + r.stderr).splitlines():  # each printed verdict change is at a diagnosed step
+        if ": health: " in line:
+            assert int(line.split(":")[0].split()[-1]) in {m["step"] for m in diagnosed}, line
+    assert idle == [] or all(run[s - 1].get("actor/grad_norm") is None for s in idle)
+
+
 def test_vllm_engine_three_steps_weights_stay_in_sync_and_resume(tiny, tmp_path):
     need("vllm")
     a, b = tmp_path / "a", tmp_path / "b"
@@ -168,7 +208,7 @@ def test_vllm_engine_three_steps_weights_stay_in_sync_and_resume(tiny, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "NUMA binding" not in r.stdout + r.stderr  # torch's C++ notices are engine logs (--verbose)
     full = metrics(a)
-    assert [m["step"] for m in full] == [0, 1, 2]
+    assert [m["step"] for m in full] == [1, 2, 3]
     assert sum(m["actor/optimizer_steps"] for m in full) > 0
     for m in full:  # engine vs trainer log-probs of the sampled tokens, after every sync
         if m.get("mismatch/logp_gap_max") is not None:

@@ -30,7 +30,8 @@ class Arm:
     """Task override (defaults to the experiment's task)."""
     task_kwargs: dict[str, Any] = field(default_factory=dict)
     faults: dict[str, Any] = field(default_factory=dict)
-    """Fault injection passed to :class:`RunSpec` (``engine_noise``, ``nan_steps``)."""
+    """Fault injection passed to :class:`RunSpec` (``engine_noise``, ``engine_noise_from``,
+    ``nan_steps``)."""
     loss: str = "dapo"
     """The policy loss (a :func:`toybench.losses.resolve` spec; see ``dapo toy check``)."""
 

@@ -8,11 +8,19 @@ the matrix also shows rules firing where they were not expected.
 Where the toy cannot show a failure mode (unhealthy length growth: every toy policy
 learns to shorten, see the length-bias experiment), the rule is checked on a synthetic
 log shaped like the paper's Figure 4 instead, and the matrix says so.
+
+Precision, recall and lead time (:func:`detection`): the failure runs and the runs made to
+fail late (a fault injected at a known step, :data:`LATE`) are the positives of their rule,
+the fixed runs its negatives. The lead time is the delay from the failure's onset in the
+toy's own ground truth (the injection step; for entropy collapse, the first step the toy's
+entropy is below half its start) to the first step the rule, run on the log as it grows
+(the trainer's live diagnosis), says warning or failing.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +65,9 @@ FAULTS = Experiment(
         ),  # an engine that agrees to fp precision
         "engine_noise": Arm(FAULTS_BASE, 20.0, faults={"engine_noise": 0.3}),
         "nan_steps": Arm(FAULTS_BASE, 20.0, faults={"nan_steps": tuple(range(5, 60, 5))}),
+        # faults that appear late, at a known step: the lead time of the rule that should see them
+        "engine_noise_late": Arm(FAULTS_BASE, 20.0, faults={"engine_noise": 0.3, "engine_noise_from": 30}),
+        "nan_late": Arm(FAULTS_BASE, 20.0, faults={"nan_steps": tuple(range(30, 60, 5))}),
     },
     summaries={},
     contrasts=(),
@@ -80,6 +91,62 @@ CASES = (
     Case("rollout_mismatch", ("faults", "engine_noise"), ("faults", "clean")),
     Case("gradients", ("faults", "nan_steps"), ("faults", "clean")),
 )
+
+
+LATE = {"rollout_mismatch": (("faults", "engine_noise_late"), 30), "gradients": (("faults", "nan_late"), 30)}
+"""rule -> ((experiment, arm) whose runs fail from a known step, that step)."""
+
+
+def _entropy_onset(log: list[dict[str, float]]) -> int | None:
+    """The toy's own ground truth of an entropy collapse: the first step its entropy is below
+    half its value at the first step (None if it never is)."""
+    ent = [(r["step"], r["actor/entropy"]) for r in log if "actor/entropy" in r]
+    if not ent:
+        return None
+    start = ent[0][1]
+    return next((int(s) for s, e in ent if e < 0.5 * start), None)
+
+
+def _first_alarm(log: list[dict[str, float]], rule: str, after: int) -> int | None:
+    """The first step at or after ``after`` where ``rule``, judging the log up to that step (as
+    the trainer's live diagnosis does), says warning or failing."""
+    for end in range(len(log)):
+        step = int(log[end]["step"])
+        if step < after:
+            continue
+        status = next(f.status for f in diagnose(log[: end + 1]) if f.rule == rule)
+        if SEVERITY[status] >= 1:
+            return step
+    return None
+
+
+def detection(rows: list[dict], late: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per rule: precision and recall of its final verdict (warning or failing = an alarm) on
+    its failure runs and late-fault runs (positives) and its fixed runs (negatives), and the
+    lead time from the failure's onset to the first alarm on the growing log."""
+    out: dict[str, dict] = {}
+    for case in [*CASES, Case("length_growth", ("", ""), ("", ""))]:
+        rule = case.rule
+        mine = [r for r in rows if r["case"] == rule] + [r for r in late.get(rule, []) if "statuses" in r]
+        alarm = [SEVERITY[r["statuses"][rule]] >= 1 for r in mine]
+        positive = [r["role"] in ("failing", "late") for r in mine]
+        tp = sum(a and p for a, p in zip(alarm, positive))
+        fp = sum(a and not p for a, p in zip(alarm, positive))
+        fn = sum(p and not a for a, p in zip(alarm, positive))
+        leads = [r["lead"] for r in mine if r.get("lead") is not None]
+        missed = sum(1 for r in mine if "onset" in r and r.get("lead") is None)
+        out[rule] = {
+            "positives": sum(positive),
+            "negatives": len(mine) - sum(positive),
+            "precision": tp / (tp + fp) if tp + fp else None,
+            "recall": tp / (tp + fn) if tp + fn else None,
+            "lead_median": statistics.median(leads) if leads else None,
+            "lead_min": min(leads) if leads else None,
+            "lead_max": max(leads) if leads else None,
+            "lead_runs": len(leads),
+            "lead_missed": missed,
+        }
+    return out
 
 
 def synthetic_length_growth() -> tuple[list[dict[str, float]], list[dict[str, float]]]:
@@ -142,6 +209,31 @@ def run_suite(
                         "evidence": findings[case.rule].evidence,
                     }
                 )
+    late: dict[str, list[dict]] = {}
+    for rule, ((exp, arm), onset) in LATE.items():
+        for seed, log in results[exp].logs[arm].items():
+            if seed >= seeds:
+                continue
+            findings = {f.rule: f for f in diagnose(log)}
+            first = _first_alarm(log, rule, onset)
+            late.setdefault(rule, []).append(
+                {
+                    "case": rule,
+                    "role": "late",
+                    "run": f"{exp}/{arm}/seed={seed}",
+                    "statuses": {r: f.status for r, f in findings.items()},
+                    "onset": onset,
+                    "lead": None if first is None else first - onset,
+                }
+            )
+    for r in rows:  # the toy's own onset of an entropy collapse, and when the rule first said so
+        if r["case"] == "entropy_collapse" and r["role"] == "failing":
+            exp, arm, seed = r["run"].split("/")
+            log = results[exp].logs[arm][int(seed.split("=")[1])]
+            onset = _entropy_onset(log)
+            if onset is not None:
+                first = _first_alarm(log, "entropy_collapse", onset)
+                r["onset"], r["lead"] = onset, None if first is None else first - onset
     bad, good = synthetic_length_growth()
     for role, log in (("failing", bad), ("fixed", good)):
         findings = {f.rule: f for f in diagnose(log)}
@@ -154,7 +246,12 @@ def run_suite(
                 "evidence": findings["length_growth"].evidence,
             }
         )
-    return {"rows": rows, "matrix": confusion(rows)}
+    return {
+        "rows": rows,
+        "late": [r for rs in late.values() for r in rs],
+        "matrix": confusion(rows),
+        "detection": detection(rows, late),
+    }
 
 
 def confusion(rows: list[dict]) -> dict:
@@ -195,6 +292,27 @@ def write_report(suite: dict, out: Path, command: str, wall: float) -> Path:
             f"{fmt(m.get('failing_other_rules_firing', {}))} / {fmt(m.get('fixed_other_rules_firing', {}))} "
             f"| {notes.get(rule, '')} |"
         )
+    lines += [
+        "",
+        "Precision and recall of each rule's final verdict (warning or failing counts as an alarm) on the runs that "
+        "exhibit its failure, the runs made to fail late (a fault injected at step 30) and the runs with DAPO's knob "
+        "on (negatives); lead time: steps from the failure's onset in the toy's ground truth (the injection step; "
+        "for entropy collapse the first step the toy's entropy is below half its start) to the first alarm of the "
+        "rule judging the log as it grows (the trainer's live diagnosis). Entropy collapse: Clip-Higher slows the "
+        "toy's collapse without stopping it, so its 'negatives' collapse too and its precision is a floor.",
+        "",
+        "| rule | positives / negatives | precision | recall | lead time, steps: median [min, max] (runs; missed) |",
+        "|---|---|---|---|---|",
+    ]
+    for rule, d in suite.get("detection", {}).items():
+        pr = "-" if d["precision"] is None else f"{d['precision']:.2f}"
+        rc = "-" if d["recall"] is None else f"{d['recall']:.2f}"
+        lead = (
+            "-"
+            if d["lead_median"] is None
+            else f"{d['lead_median']:g} [{d['lead_min']:g}, {d['lead_max']:g}] ({d['lead_runs']}; {d['lead_missed']})"
+        )
+        lines.append(f"| {rule} | {d['positives']} / {d['negatives']} | {pr} | {rc} | {lead} |")
     path = out / "README.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -39,6 +39,9 @@ class RunSpec:
     engine_noise: float = 0.0
     """Fault injection for health checks: the std of Gaussian noise on the log-probs a
     simulated rollout engine reports (``rollout_logp``); 0 reports none."""
+    engine_noise_from: int = 0
+    """The step the engine noise starts at (a fault that appears late); before it the engine
+    reports log-probs exact to 1e-7."""
     nan_steps: tuple[int, ...] = ()
     """Fault injection for health checks: steps whose new log-probs are NaN (a numerical
     fault the update must skip)."""
@@ -160,7 +163,8 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
             warnings.simplefilter("ignore", SamplingWarning)
             batch = sampler.take()
         if batch is not None and spec.engine_noise > 0:
-            noisy = batch.old_logp + spec.engine_noise * torch.randn(
+            std = spec.engine_noise if step >= spec.engine_noise_from else min(spec.engine_noise, 1e-7)
+            noisy = batch.old_logp + std * torch.randn(
                 batch.old_logp.shape, generator=gen, dtype=batch.old_logp.dtype
             )
             batch = RolloutBatch(

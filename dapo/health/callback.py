@@ -3,15 +3,29 @@ history so far, as ``health/*`` metrics in the step's own row (:data:`dapo.schem
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .config import HealthConfig
+from .readers import schema_row
 from .rules import Knobs
 from .verdict import SEVERITY, VERDICT_CODE, diagnose, verdict
 
 
+def as_logged(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """A step's metrics as ``dapo diagnose`` reads them back from ``metrics.jsonl``: a value
+    that is not finite is written as null there ("not defined this step": the actor metrics of
+    a step with no update), so it is absent here too; names in the reader's schema."""
+    return schema_row(
+        {k: v for k, v in metrics.items() if not (isinstance(v, float) and not math.isfinite(v))}
+    )
+
+
 class HealthMonitor:
-    """Collects the logged rows; :meth:`observe` adds the verdicts every ``every_steps``."""
+    """Collects the logged rows; :meth:`observe` adds the verdicts on every step that is a
+    multiple of ``every_steps``. The rows are those ``dapo diagnose`` reads from the run's
+    ``metrics.jsonl`` (:func:`as_logged`), so the live and the offline verdicts of a step agree."""
 
     def __init__(self, every_steps: int, config: HealthConfig = HealthConfig(), knobs: Knobs | None = None):
         if every_steps < 0:
@@ -22,15 +36,16 @@ class HealthMonitor:
 
     def extend(self, rows: Iterable[Mapping[str, float]]) -> None:
         """Rows logged before (a resumed run's ``metrics.jsonl``)."""
-        self.history.extend(dict(r) for r in rows)
+        self.history.extend(as_logged(r) for r in rows)
 
     def observe(self, metrics: Mapping[str, float]) -> tuple[dict[str, float], str | None]:
-        """Record one step's row. On every ``every_steps``-th step, return the ``health/*``
+        """Record one step's row (with its ``step``, counted from 1). On every step that is a
+        multiple of ``every_steps``, return the ``health/*``
         metrics (``health/verdict``: 0 healthy, 1 warning, 2 failing, 3 inconclusive;
         ``health/<rule>``: -1 unknown, 0 healthy, 1 warning, 2 failing) and, when the verdict
         changed, a line saying so."""
-        self.history.append(dict(metrics))
-        if not self.every_steps or len(self.history) % self.every_steps:
+        self.history.append(as_logged(metrics))
+        if not self.every_steps or int(metrics["step"]) % self.every_steps:
             return {}, None
         findings = diagnose(self.history, self.config, self.knobs)
         v = verdict(findings, self.config)

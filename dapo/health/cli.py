@@ -20,7 +20,7 @@ from .knobs import merge
 from .readers import FORMATS, READERS, RunLogError, read_runs
 from .references import PAPER_REFERENCES, ReferenceCurve
 from .report import write_report
-from .verdict import SEVERITY, Finding, diagnose, verdict
+from .verdict import SEVERITY, Finding, diagnose, run_notes, verdict
 
 EXIT_FAIL, EXIT_USAGE, EXIT_INCONCLUSIVE = 1, 2, 3
 
@@ -167,8 +167,11 @@ def _references(spec: str) -> dict[str, ReferenceCurve]:
     return curves
 
 
-def format_findings(label: str, findings: list[Finding], config: HealthConfig = HealthConfig()) -> str:
+def format_findings(
+    label: str, findings: list[Finding], config: HealthConfig = HealthConfig(), notes: list[str] | None = None
+) -> str:
     lines = [f"== {label}: {verdict(findings, config).headline()}"]
+    lines += [f"  note: {n}" for n in notes or []]
     for f in findings:
         since = f" since step {f.start_step:g}" if f.start_step is not None else ""
         lines.append(f"  {f.status:<8} {f.title}{since}")
@@ -221,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             label: {
                 "format": fmt,
                 "verdict": verdicts[label].status,
+                "notes": run_notes(runs[label]),
                 "judged": verdicts[label].judged,
                 "unknown": verdicts[label].unknown,
                 "findings": [f.__dict__ for f in fs],
@@ -230,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(f"format: {fmt}")
-        print("\n\n".join(format_findings(label, fs, cfg) for label, fs in results.items()))
+        print(
+            "\n\n".join(
+                format_findings(label, fs, cfg, run_notes(runs[label])) for label, fs in results.items()
+            )
+        )
     if args.report:
         write_report(args.report, args.run, runs, results, references, cfg, args.max_figures)
         print(f"\nreport: {args.report / 'report.md'}")

@@ -17,8 +17,9 @@ class HealthConfig:
     """Logged rows a window must hold: with sparse logging (every k steps) a window widens to
     ``min_points * k`` steps, so that one row is never a "window"."""
     min_judged_frac: float = 0.5
-    """A run is called healthy only if more than this share of the rules could be judged;
-    otherwise it is inconclusive."""
+    """A run is called healthy when more than this share of the rules could judge it, or when
+    the rules on learning (not learning, reward collapse) and at least one on stability
+    (gradients, KL, loss) could; otherwise it is inconclusive."""
     entropy_warn_frac: float = 0.75
     """Entropy below this fraction of its start (and staying there): warning."""
     entropy_fail_frac: float = 0.5
@@ -51,14 +52,49 @@ class HealthConfig:
     mismatch_fail: float = 0.05
     """...failing above this."""
     kl_blowup: float = 10.0
-    """KL (PPO or reference) now above this multiple of its robust level (the run's median):
-    warning; any value above ``kl_blowup ** 2`` times it: failing."""
+    """A KL row above this multiple of the KL's level at the start of the log (its first
+    window's median, floored at ``kl_floor``) and above the warning ceiling is a spike: two or
+    more, a warning; in more than 5% of the rows, failing (one alone is evidence)."""
     kl_floor: float = 1e-3
-    """The smallest KL level a blow-up is measured against (a KL that starts at 0 does not
-    make every later value a blow-up)."""
+    """The smallest KL level a spike is measured against (a KL that starts at 0 does not make
+    every later value a spike)."""
+    kl_ref_warn: float = 0.5
+    """KL to the reference policy (nats per token, any estimator: k1, k3/low_var_kl) at or above
+    this over the last window: warning..."""
+    kl_ref_fail: float = 2.0
+    """...failing. Healthy GRPO/PPO runs stay below ~0.15 (calibration logs)."""
+    kl_ppo_warn: float = 0.05
+    """KL between the old and the updated policy of one step (PPO KL, verl ``ppo_kl``) at or
+    above this over the last window: warning..."""
+    kl_ppo_fail: float = 0.5
+    """...failing. Healthy runs stay below ~0.005 (calibration logs)."""
+    reward_drop_frac: float = 0.5
+    """Reward collapse: the outcome (accuracy, else reward) now below its peak by this share of
+    what it had gained from its start to the peak (and significantly): warning; back at or
+    below its start: failing."""
+    saturated_frac: float = 0.9
+    """The outcome at this share of its possible range (accuracy 0..1; the reward between the
+    smallest and largest reward logged) or above is saturated: falling entropy there is a
+    converged policy, not a collapse."""
+    loss_spike: float = 20.0
+    """A policy-loss row farther than this many robust deviations (1.4826 x the median absolute
+    deviation) from the loss's median, and over 10x its median magnitude, is a spike."""
+    loss_floor: float = 1.0
+    """...and larger in magnitude than this."""
+    val_drop: float = 0.05
+    """Validation score (``eval/score``) below its best so far by more than this share of the
+    best (and by 0.01 at least) in the last two evaluations: warning; below its first: failing."""
     grad_explode: float = 10.0
     """Gradient norm above this multiple of the run's robust level (median of the non-zero
     norms): a spike (one alone is evidence, two a warning); above ``10 * grad_explode``: failing."""
+    min_gain_frac: float = 0.25
+    """A rise of the outcome counts only if it is at least this share of the spread of its values
+    (5th to 95th percentile) as well as larger than its noise."""
+    min_gain_rel: float = 0.01
+    """...and at least this share of the outcome's magnitude (its largest absolute value)."""
+    flat_windows: int = 8
+    """A run of at least this many windows whose outcome never rose significantly from its first
+    to its last quarter is not learning (failing); shorter ones get a warning."""
     grad_zero_rows: int = 3
     """This many consecutive rows of a gradient norm of exactly 0: no gradient (warning);
     half the rows or more: failing."""
@@ -74,7 +110,7 @@ class HealthConfig:
                 raise ValueError(f"{f.name}: expected a finite number, got {value!r}")
             if value < 0:
                 raise ValueError(f"{f.name}: must be >= 0, got {value}")
-        for name in ("window", "min_points", "grad_zero_rows"):
+        for name in ("window", "min_points", "grad_zero_rows", "flat_windows"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {getattr(self, name)}")
         for name in _FRACTIONS:
@@ -100,12 +136,19 @@ _FRACTIONS = (
     "truncation_warn",
     "truncation_fail",
     "skipped_fail_frac",
+    "reward_drop_frac",
+    "saturated_frac",
+    "val_drop",
+    "min_gain_frac",
+    "min_gain_rel",
 )
-_MULTIPLES = ("entropy_explode_warn", "entropy_explode_fail", "kl_blowup", "grad_explode")
+_MULTIPLES = ("entropy_explode_warn", "entropy_explode_fail", "kl_blowup", "grad_explode", "loss_spike")
 _ORDERED = (
     ("entropy_fail_frac", "entropy_warn_frac"),
     ("entropy_explode_warn", "entropy_explode_fail"),
     ("uniform_warn", "uniform_fail"),
     ("truncation_warn", "truncation_fail"),
     ("mismatch_warn", "mismatch_fail"),
+    ("kl_ref_warn", "kl_ref_fail"),
+    ("kl_ppo_warn", "kl_ppo_fail"),
 )

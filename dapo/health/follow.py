@@ -37,17 +37,24 @@ def follow(
 ) -> State:
     """Poll ``path`` every ``interval`` seconds; stop once it has not changed for ``until_idle``
     seconds (never, if None). A log that does not exist yet, or has no metric row yet, is
-    waited for; a malformed line is an error."""
+    waited for, with a line saying so; one that still does not exist when ``until_idle`` runs
+    out is an error, as is a malformed line."""
     state: State = {}
     seen: tuple[float, int] | None = None
     idle = 0.0
+    existed = False
     while True:
         try:
             file = resolve(path)
             stat = file.stat()
             stamp: tuple[float, int] | None = (stat.st_mtime, stat.st_size)
-        except RunLogError:
+            existed = True
+        except RunLogError as err:
+            if not existed and idle == 0:
+                emit(f"waiting for {path}: {str(err).removeprefix(f'{path}: ')}")
             stamp = None
+        if not existed and until_idle is not None and idle >= until_idle:
+            raise RunLogError(f"{path}: still no log after waiting {idle:g} s (--until-idle)")
         if stamp != seen:
             seen, idle = stamp, 0.0
             if stamp is not None:

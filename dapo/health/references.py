@@ -34,14 +34,25 @@ class ReferenceCurve:
         return self.low[-1], self.high[-1]
 
     def comparable(self, values: Sequence[float], factor: float = 4.0) -> bool:
-        """Whether a run's values are on this band's scale: their largest magnitude within
-        ``factor`` of the band's (a 1k-4k-token band says nothing about 5-token answers). Scale,
-        not meaning: a 0/1 reward and the paper's +-1 reward pass; the note says which it is."""
+        """Whether a run's values are on this band's scale, so that drawing the band shows the
+        run against it rather than squashing the run's own curve: their largest magnitudes
+        within ``factor`` of each other (a 1k-4k-token band says nothing about 5-token
+        answers), and the run's range (5th to 95th percentile) and the band's overlapping over
+        at least a quarter of the narrower of the two (a -0.6..0.2 reward band against a run at
+        0.65-0.94 is off its scale). Scale, not meaning: a 0/1 reward and the paper's +-1
+        reward can pass; the note says which the band is."""
         if not values:
             return False
-        run_scale = max(abs(min(values)), abs(max(values)))
-        band_scale = max(abs(v) for v in (*self.low, *self.high))
-        return band_scale / factor <= run_scale <= band_scale * factor
+        v = sorted(values)
+        lo, hi = v[int(0.05 * (len(v) - 1))], v[int(0.95 * (len(v) - 1))]
+        run_scale = max(abs(v[0]), abs(v[-1]))
+        band_lo, band_hi = min(self.low), max(self.high)
+        band_scale = max(abs(band_lo), abs(band_hi))
+        if not band_scale / factor <= run_scale <= band_scale * factor:
+            return False
+        overlap = min(hi, band_hi) - max(lo, band_lo)
+        narrower = min(hi - lo, band_hi - band_lo)
+        return overlap >= 0.25 * narrower if narrower > 0 else band_lo <= lo <= band_hi
 
 
 PAPER = (

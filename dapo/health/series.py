@@ -11,6 +11,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from .config import HealthConfig
 
@@ -31,7 +32,7 @@ class Series:
     def __len__(self) -> int:
         return len(self.values)
 
-    @property
+    @cached_property
     def interval(self) -> float:
         """Typical steps between two logged rows (1 when every step is logged)."""
         gaps = [b - a for a, b in zip(self.steps, self.steps[1:]) if b > a]
@@ -43,20 +44,27 @@ class Series:
         return self.steps[-1] - self.steps[0] + self.interval if self.steps else 0.0
 
     def window(self, c: HealthConfig) -> float:
-        """The window in steps: ``c.window``, widened so it holds ``c.min_points`` rows."""
-        return max(float(c.window), c.min_points * self.interval)
+        """The window in steps: ``c.window``, or a quarter of the series for a log shorter than
+        four windows (an excerpt, a short run: its trend is judged on what it holds), and
+        always widened so that it holds ``c.min_points`` rows."""
+        steps = self.steps[-1] - self.steps[0] + self.interval if self.steps else 0.0
+        return max(min(float(c.window), steps / 4), c.min_points * self.interval)
 
     def covers(self, c: HealthConfig, windows: float) -> bool:
         """Whether the series spans ``windows`` windows (and holds enough rows for them)."""
         return len(self) >= windows * c.min_points and self.span >= windows * self.window(c)
 
     def head(self, c: HealthConfig) -> list[float]:
-        """Values in the first window of steps."""
+        """Values in the first window of steps ([] for an empty series)."""
+        if not self.steps:
+            return []
         end = self.steps[0] + self.window(c)
         return [v for s, v in zip(self.steps, self.values) if s < end]
 
     def tail(self, c: HealthConfig) -> list[float]:
-        """Values in the last window of steps."""
+        """Values in the last window of steps ([] for an empty series)."""
+        if not self.steps:
+            return []
         start = self.steps[-1] - self.window(c)
         return [v for s, v in zip(self.steps, self.values) if s > start]
 
@@ -121,7 +129,9 @@ def logged(run: Run, key: str) -> bool:
 
 
 def mean(v: Sequence[float]) -> float:
-    return sum(v) / len(v) if v else math.nan
+    """The mean (``math.fsum``: a constant series' mean is that constant, exactly, so a level
+    equal to a threshold compares as equal)."""
+    return math.fsum(v) / len(v) if v else math.nan
 
 
 def slope(xs: Sequence[float], ys: Sequence[float]) -> float:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -12,6 +13,10 @@ from .rules.base import SEVERITY as SEVERITY
 from .series import Run
 
 STATUSES = ("healthy", "warning", "failing", "unknown")
+LEARNING = ("not_learning", "reward_collapse")
+"""Rules that judge whether the run learns."""
+STABILITY = ("gradients", "kl_blowup", "loss_spikes")
+"""Rules that judge whether the updates are stable."""
 VERDICTS = ("healthy", "warning", "failing", "inconclusive")
 VERDICT_CODE = {"healthy": 0, "warning": 1, "failing": 2, "inconclusive": 3}
 """Numeric codes of the verdicts (``health/*`` metrics of the trainer callback)."""
@@ -69,8 +74,10 @@ def diagnose(
 
 def verdict(findings: Sequence[Finding], config: HealthConfig = HealthConfig()) -> Verdict:
     """Failing or warning as soon as one judged rule says so (each rule's evidence stands on its
-    own); healthy only if more than ``config.min_judged_frac`` of the rules could judge;
-    otherwise inconclusive."""
+    own); healthy when more than ``config.min_judged_frac`` of the rules could judge, or when a
+    rule on learning (:data:`LEARNING`) and one on stability (:data:`STABILITY`) could (what a
+    careful reader of a log without entropy or clip metrics still judges by: does it learn, are
+    its updates stable); otherwise inconclusive. The headline names what could not judge."""
     unknown: dict[str, list[str]] = {}
     for f in findings:
         if f.status == "unknown":
@@ -79,8 +86,29 @@ def verdict(findings: Sequence[Finding], config: HealthConfig = HealthConfig()) 
     worst = max((f.status for f in findings if f.status != "unknown"), key=SEVERITY.__getitem__, default=None)
     if worst in ("warning", "failing"):
         status = worst
-    elif findings and judged > config.min_judged_frac * len(findings):
+    elif findings and (judged > config.min_judged_frac * len(findings) or _core(findings)):
         status = "healthy"
     else:
         status = "inconclusive"
     return Verdict(status, judged, unknown)
+
+
+def _core(findings: Sequence[Finding]) -> bool:
+    judged = {f.rule for f in findings if f.status != "unknown"}
+    return bool(judged & set(LEARNING)) and bool(judged & set(STABILITY))
+
+
+def run_notes(run: Run) -> list[str]:
+    """What a reader should know about the log before the verdicts: a log that starts mid-run
+    (a resumed run, an excerpt) is judged on what it holds, and "start" means its first step."""
+    steps = sorted({float(r["step"]) for r in run if "step" in r})
+    if len(steps) < 2:
+        return []
+    gaps = sorted(b - a for a, b in itertools.pairwise(steps))
+    interval = gaps[len(gaps) // 2]
+    if steps[0] > 1 and steps[0] > 2 * interval:
+        return [
+            f"the log starts at step {steps[0]:g}, not at the run's start (a resumed run or an excerpt): "
+            f"it is judged on what it holds, and 'start' below means step {steps[0]:g}"
+        ]
+    return []

@@ -1,75 +1,117 @@
-"""Reading training logs as printed or exported by this project, verl, TRL, OpenRLHF, W&B and
-TensorBoard: one module per format, detected from the file. Every reader gives raw rows; the
-names are mapped onto :data:`dapo.schema.SCHEMA` here, once, by :mod:`.names`.
+"""Reading training logs as printed or exported by this project, verl, TRL, OpenRLHF, custom
+trainers, W&B and TensorBoard: one module per format, detected from the file. Every reader
+gives raw rows; the names are mapped onto :data:`dapo.schema.SCHEMA` here, once, by
+:mod:`.names`.
 
-A log that is still being written may end in a partial line: it is skipped (and said). Any
-other malformed line is an error that names the file and the line.
+Detection: a structured format (event files, a ``.wandb`` run, a JSON document, a CSV) by its
+name and header; a text log by which reader finds the most rows with a known metric anywhere
+in the file (ties: the order of :data:`READERS`). A file no reader finds a row in is refused
+with the formats tried, never with a parse error from a reader that does not fit.
+
+In a console log, lines that are not rows are noise; a line of a structured format (JSONL, CSV,
+JSON) that does not parse is an error naming the file and line. A log that is still being
+written may end in a partial line: it is skipped (and said).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from . import jsonl, tensorboard, trl_console, trl_state, verl_console, wandb
-from .base import Reader, RunLogError
+from . import (
+    custom_kv,
+    hf_table,
+    jsonl,
+    tensorboard,
+    trl_console,
+    trl_state,
+    verl_console,
+    wandb,
+    wandb_offline,
+)
+from .base import CERTAIN, Reader, RunLogError, Text
 from .names import metric_name, normalize, number
 
 READERS: dict[str, Reader] = {
     r.name: r
     for r in (
         tensorboard.READER,
+        wandb_offline.READER,
         trl_state.READER,
         wandb.JSON_READER,
         jsonl.READER,
         verl_console.READER,
         trl_console.READER,
+        custom_kv.READER,
+        hf_table.READER,
         wandb.CSV_READER,
     )
 }
-"""The formats, in the order auto-detection tries them."""
+"""The formats; a structured one claims a file first, then text logs go to the reader with the
+most rows (ties in this order)."""
 FORMATS = ("auto", *READERS)
-DIR_FILES = ("metrics.jsonl", "trainer_state.json")
+DIR_FILES = ("metrics.jsonl", "trainer_state.json", "files/output.log")
+"""A run directory's log: this project's, transformers', a W&B run's captured console (when
+the directory has no ``.wandb`` file)."""
 
 Runs = dict[str, list[dict[str, float]]]
+STRICT = ("jsonl", "wandb-json", "wandb-csv", "trl-state")
+"""Formats whose every row is a metric row: a metric that is not a number there is an error (in a
+console log, a line that happens to look like a row is noise)."""
 
 
 def resolve(path: str | Path) -> Path:
-    """The log file of ``path``: the file itself, or a run directory's ``metrics.jsonl``,
-    ``trainer_state.json`` or TensorBoard event files."""
+    """The log of ``path``: the file itself, or in a run directory, in this order, its
+    ``metrics.jsonl`` or ``trainer_state.json``, its W&B runs (``.wandb``), a W&B run's captured
+    console (``files/output.log``), its TensorBoard event files."""
     path = Path(path)
     if path.is_dir():
         for name in DIR_FILES:
-            if (path / name).is_file():
+            if (path / name).is_file() and name != "files/output.log":
                 return path / name
+        if wandb_offline.run_files(path):
+            return path
+        if (path / "files/output.log").is_file():
+            return path / "files/output.log"
         if tensorboard.event_files(path):
             return path
-        raise RunLogError(f"{path}: no {', '.join(DIR_FILES)} or TensorBoard event files in this directory")
+        raise RunLogError(
+            f"{path}: no {', '.join(DIR_FILES)}, W&B run-*.wandb or TensorBoard event files in this directory"
+        )
+    if not path.exists():
+        raise RunLogError(f"{path}: no such file or directory")
     if not path.is_file():
-        raise RunLogError(f"{path}: no such file")
+        raise RunLogError(f"{path}: not a regular file")
     return path
-
-
-def _head(path: Path) -> str:
-    if path.is_dir():
-        return ""
-    with path.open("rb") as fh:
-        data = fh.read(65536)
-    return "" if b"\0" in data else data.decode(errors="replace")
 
 
 def detect(path: Path) -> Reader:
     """The reader whose format ``path`` is in; the error names every format tried and what
     the first line looked like."""
-    head = _head(path)
-    for reader in READERS.values():
-        if reader.sniff(path, head):
-            return reader
-    first = next((line for line in head.splitlines() if line.strip()), "")
-    shown = repr(first[:100]) if head else "binary data"
+    text = Text(path)
+    scores = {name: reader.sniff(path, text) for name, reader in READERS.items()}
+    best = max(scores, key=lambda name: scores[name])  # the first of equals: READERS' order
+    if scores[best] > 0:
+        return READERS[best]
+    if text.binary:
+        shown = "binary data"
+    else:
+        first = next((line for line in text.lines if line.strip()), "")
+        shown = f"its first line: {first[:100]!r}"
     raise RunLogError(
-        f"{path}: not a log format this tool reads (tried {', '.join(READERS)}); its first line: {shown}"
+        f"{path}: not a log format this tool reads: no line is a metric row of any of them "
+        f"(tried {', '.join(READERS)}); {shown}"
     )
+
+
+def schema_row(raw: Mapping[str, Any]) -> dict[str, float]:
+    """A raw row in the schema: its numeric ``step`` (an integer where it is one) and the
+    metrics this tool knows (:func:`.names.normalize`). The trainer's live monitor reads its
+    rows through this too, so live and offline verdicts rest on the same numbers."""
+    step = raw["step"]
+    return {"step": int(step) if float(step).is_integer() else float(step), **normalize(raw)}
 
 
 def read_runs(path: str | Path, fmt: str = "auto") -> tuple[Runs, list[str], str]:
@@ -81,6 +123,7 @@ def read_runs(path: str | Path, fmt: str = "auto") -> tuple[Runs, list[str], str
     reader = detect(file) if fmt == "auto" else READERS[fmt]
     rows, notes = reader.read(file)
     runs: Runs = {}
+    nonnumeric: list[str] = []
     for raw in rows:
         where = f"{file}:{raw.get('_line', '?')}"
         step = raw.get("step")
@@ -92,16 +135,32 @@ def read_runs(path: str | Path, fmt: str = "auto") -> tuple[Runs, list[str], str
             if isinstance(value, str) and metric_name(key) and number(value) is not None:
                 raw[key] = number(value)  # some loggers print numbers as strings ('loss': '-0.1')
             elif value is not None and metric_name(key) and not isinstance(raw[key], (int, float)):
-                raise RunLogError(f"{where}: {key}: expected a number, got {value!r}")
-        row = {"step": float(step), **normalize(raw)}
+                if reader.name in STRICT:
+                    raise RunLogError(f"{where}: {key}: expected a number, got {value!r}")
+                nonnumeric.append(f"{where}: {key}: {value!r}")
+        row = schema_row({**raw, "step": step})
         if len(row) > 1:
             runs.setdefault(str(raw.get("_run", "run")), []).append(row)
+    if nonnumeric:
+        notes.append(f"{len(nonnumeric)} known metric(s) without a number skipped, first {nonnumeric[0]}")
     if not runs:
         hint = "" if fmt == "auto" else f" (read as --format {fmt}; try --format auto)"
-        raise RunLogError(f"{file}: no metric this tool knows occurs in the {reader.name} rows{hint}")
+        why = f" ({notes[0]})" if notes else ""
+        raise RunLogError(f"{file}: no metric this tool knows occurs in the {reader.name} rows{hint}{why}")
     for run in runs.values():
         run.sort(key=lambda r: r["step"])
     return runs, notes, reader.name
 
 
-__all__ = ["FORMATS", "READERS", "Reader", "RunLogError", "Runs", "detect", "read_runs", "resolve"]
+__all__ = [
+    "CERTAIN",
+    "FORMATS",
+    "READERS",
+    "Reader",
+    "RunLogError",
+    "Runs",
+    "detect",
+    "read_runs",
+    "resolve",
+    "schema_row",
+]

@@ -7,15 +7,28 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .base import Reader, Rows, RunLogError, text_lines
+from .base import CERTAIN, Reader, Rows, RunLogError, Text, count_rows, text_lines
+from .names import metric_name
 
-STEP_KEYS = ("step", "train/global_step", "global_step", "_step")
+STEP_KEYS = (
+    "step",
+    "train/global_step",
+    "global_step",
+    "global_step/max_steps",
+    "_step",
+    "update",
+    "iteration",
+)
 """Where a row's training step is, in order of preference (W&B's ``_step`` counts log calls,
-which is the training step only when the trainer passes it)."""
+which is the training step only when the trainer passes it; ms-swift logs
+``"global_step/max_steps": "12/547"``; custom loggers ``update`` or ``iteration``)."""
 
 
 def step_of(row: dict[str, Any]) -> object:
-    return next((row[k] for k in STEP_KEYS if k in row), None)
+    step = next((row[k] for k in STEP_KEYS if k in row), None)
+    if isinstance(step, str) and "/" in step:  # "12/547"
+        step = step.partition("/")[0].strip()
+    return step
 
 
 def _read(path: Path) -> tuple[Rows, list[str]]:
@@ -47,9 +60,24 @@ def _read(path: Path) -> tuple[Rows, list[str]]:
     return rows, notes
 
 
-def _sniff(path: Path, head: str) -> bool:
-    first = next((line for line in head.splitlines() if line.strip()), "")
-    return first.lstrip().startswith("{") and '"' in first and path.suffix != ".json"
+def _sniff(path: Path, text: Text) -> int:
+    """Lines that are JSON objects with a step and a metric this tool knows (a ``.jsonl`` file:
+    certain)."""
+    if path.suffix == ".jsonl":
+        return CERTAIN
+    if path.suffix == ".json":
+        return 0
+
+    def is_row(line: str) -> bool:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            return False
+        if isinstance(row, dict) and isinstance(row.get("data"), dict):
+            row = {"step": row.get("step"), **row["data"]}
+        return isinstance(row, dict) and step_of(row) is not None and any(metric_name(k) for k in row)
+
+    return count_rows(text.lines, lambda line: line.startswith("{") and '"' in line, is_row)
 
 
 READER = Reader(

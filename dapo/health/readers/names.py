@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from ...schema import SCHEMA
@@ -56,6 +57,39 @@ OPENRLHF = {
 """OpenRLHF's PPO trainer status (``train/<name>`` in W&B and TensorBoard, with
 ``train/global_step``); its ``reward`` and ``kl`` (to the reference) read as TRL's."""
 
+CUSTOM = {
+    "kl_divergence": "actor/ref_kl",  # custom GRPO trainers: the KL to the reference
+    "kl_div": "actor/ref_kl",
+    "mean_kl": "actor/ref_kl",
+    "pg_loss": "actor/loss",
+    "act_loss": "actor/loss",  # DeepSpeed-Chat step 3
+    "average_reward_score": "rollout/reward_mean",  # DeepSpeed-Chat: "average reward score: 0.21"
+    "mean_reward": "rollout/reward_mean",
+    "avg_reward": "rollout/reward_mean",
+    "average_reward": "rollout/reward_mean",
+    "reward_mean": "rollout/reward_mean",
+    "accuracy": "rollout/accuracy",
+    "acc": "rollout/accuracy",
+    "mean_accuracy": "rollout/accuracy",
+    "avg_response_length": "rollout/length_mean",
+    "mean_response_length": "rollout/length_mean",
+    "avg_length": "rollout/length_mean",
+    "mean_length": "rollout/length_mean",
+    "mean_completion_length": "rollout/length_mean",
+    "completion_length_mean": "rollout/length_mean",
+    "truncation_rate": "rollout/truncation_rate",
+    "clipped_ratio": "rollout/truncation_rate",
+}
+"""Names custom trainers print (``step:N | policy_loss=... | kl_divergence=... | mean_reward=...``)."""
+
+EVAL = re.compile(
+    r"^(?:val-core/.+/(?:acc|reward|score)/mean@\d+|val/test_score/.+|eval_(?:reward|accuracy)|"
+    r"eval_rewards/.*(?:accuracy|correct)\w*(?:/mean)?|eval/avg@\d+)$"
+)
+"""Validation scores (higher is better) -> ``eval/score``: verl's ``val-core/<data>/<acc|reward|score>/mean@N``
+and older ``val/test_score/<data>``, TRL's ``eval_reward`` / ``eval_accuracy``, this project's
+``eval/avg@k``. Where a row has several (one per data set), their mean."""
+
 FALLBACK = {
     "critic/rewards/mean": "rollout/reward_mean",  # verl: reward after the KL penalty
     "rewards/mean": "rollout/reward_mean",
@@ -63,7 +97,7 @@ FALLBACK = {
 }
 """Used only where the row has no better source for the same metric."""
 
-NAMES = {**OPENRLHF, **TRL, **VERL}
+NAMES = {**CUSTOM, **OPENRLHF, **TRL, **VERL}
 ACCURACY = re.compile(r"^(?:train/)?rewards?/(?:accuracy|correctness|correct|acc)\w*?(?:/mean)?$")
 """TRL's per-function reward columns that are an accuracy (0/1 per response)."""
 
@@ -78,10 +112,12 @@ def metric_name(key: str) -> str | None:
         return NAMES[key[6:]]
     if ACCURACY.match(key):
         return "rollout/accuracy"
+    if EVAL.match(key):
+        return "eval/score"
     return None
 
 
-def _share(row: dict[str, Any], out: dict[str, float]) -> None:
+def _share(row: Mapping[str, Any], out: dict[str, float]) -> None:
     """verl DAPO's ``batch/solve_none`` / ``batch/solve_all``: counts of prompts whose answers
     were all wrong / all right (with ``batch/solve_partial``), or shares (prime-rl)."""
     none, full = row.get("batch/solve_none"), row.get("batch/solve_all")
@@ -97,13 +133,20 @@ def _share(row: dict[str, Any], out: dict[str, float]) -> None:
     out.setdefault("rollout/groups_all_correct", float(full))
 
 
-def normalize(row: dict[str, Any]) -> dict[str, float]:
+def normalize(row: Mapping[str, Any]) -> dict[str, float]:
     """A log row in this schema: known metrics only, numbers only (NaN/inf kept as evidence)."""
     out: dict[str, float] = {}
+    scores = []
     for key, value in row.items():
         name = metric_name(key)
-        if name is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if name is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        if name == "eval/score" and key != name:
+            scores.append(float(value))
+        else:
             out[name] = float(value)
+    if scores:
+        out.setdefault("eval/score", sum(scores) / len(scores))
     for key, name in FALLBACK.items():
         if name not in out and isinstance(row.get(key), (int, float)):
             out[name] = float(row[key])
@@ -117,6 +160,16 @@ def normalize(row: dict[str, Any]) -> dict[str, float]:
 def number(text: str) -> float | None:
     """A number as logs print it: ``0.5``, ``nan``, ``-inf``, ``np.float64(0.5)``,
     ``tensor(0.5)``; None for anything else."""
+    try:  # the common case first: a plain number
+        value = float(text)
+    except ValueError:
+        pass
+    else:
+        return (
+            value
+            if math.isfinite(value) or text.strip().lower().lstrip("+-") in ("nan", "inf", "infinity")
+            else None
+        )
     text = text.strip()
     m = re.fullmatch(r"(?:np\.\w+|numpy\.\w+|tensor|float)\((.*?)(?:,.*)?\)", text)
     if m:

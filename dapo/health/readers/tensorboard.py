@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .base import Reader, Rows, RunLogError
+from .base import CERTAIN, Reader, Rows, RunLogError, Text
 
 
 def event_files(path: Path) -> list[Path]:
@@ -50,8 +50,8 @@ def _read(path: Path) -> tuple[Rows, list[str]]:
     return [by_step[s] for s in sorted(by_step)], []
 
 
-def _sniff(path: Path, head: str) -> bool:
-    return "tfevents" in path.name or (path.is_dir() and bool(event_files(path)))
+def _sniff(path: Path, text: Text) -> int:
+    return CERTAIN if "tfevents" in path.name or (path.is_dir() and bool(event_files(path))) else 0
 
 
 READER = Reader(

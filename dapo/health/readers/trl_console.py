@@ -8,20 +8,24 @@ Dicts are parsed with :func:`ast.literal_eval` (literals only: nothing in a log 
 from __future__ import annotations
 
 import ast
+import bisect
 import itertools
 import math
 import re
 from pathlib import Path
 from typing import Any
 
-from .base import Reader, Rows, RunLogError, text_lines
-from .names import number
+from .base import Reader, Rows, RunLogError, Text, count_rows, text_lines
+from .names import metric_name, number
 
 DICT = re.compile(r"\{'[^{}]*\}")
 BAR = re.compile(r"\|\s*(\d+)/(\d+)\s*\[")
 NONFINITE = re.compile(r"(?<=: )(-?)(nan|inf)\b")
-WRAPPED = re.compile(r"(?:np\.\w+|numpy\.\w+|tensor)\(([^()]*?)\)")
+WRAPPED = re.compile(r"(?:np\.\w+|numpy\.\w+|tensor)\(\s*([^(),]*)[^()]*\)")
+"""``np.float64(0.5)``, ``tensor(0.5, device='cuda:0')``: the number inside."""
 META = {"epoch", "learning_rate", "step"}
+NEAR = 6
+"""Lines between a dict and the progress bar of its step, at most."""
 
 
 def _literal(text: str) -> dict[str, Any]:
@@ -32,41 +36,83 @@ def _literal(text: str) -> dict[str, Any]:
     return {k: (number(v) if isinstance(v, str) and number(v) is not None else v) for k, v in value.items()}
 
 
+def _dicts(line: str) -> list[tuple[int, dict[str, Any] | None]]:
+    """(column, dict) of each dict printed on a line; None where it is not a literal."""
+    out: list[tuple[int, dict[str, Any] | None]] = []
+    if "{'" not in line:
+        return out
+    for m in DICT.finditer(line):
+        try:
+            out.append((m.start(), _literal(m.group(0))))
+        except (ValueError, SyntaxError):
+            out.append((m.start(), None))
+    return out
+
+
+def _training(row: dict[str, Any]) -> bool:
+    """A training step's dict, not the end-of-training summary or an evaluation."""
+    return not (set(row) <= META or "train_runtime" in row or _evaluation(row))
+
+
+def _evaluation(row: dict[str, Any]) -> bool:
+    return any(str(k).startswith("eval_") for k in row)
+
+
 def _read(path: Path) -> tuple[Rows, list[str]]:
     rows: Rows = []
+    evals: Rows = []
     notes: list[str] = []
+    bad: list[tuple[int, str]] = []
     bars: list[tuple[int, int, int, int]] = []  # (line, column, n, total) of each progress bar
     lines, complete = text_lines(path)
     for i, line in enumerate(lines, 1):
         bars += [(i, m.start(), int(m.group(1)), int(m.group(2))) for m in BAR.finditer(line)]
-        for m in DICT.finditer(line):
-            try:
-                row = _literal(m.group(0))
-            except (ValueError, SyntaxError):
+        for col, row in _dicts(line):
+            if row is None:
                 if i == len(lines) and not complete:
                     notes.append(f"{path}:{i}: partial last line skipped (the run is still being written?)")
-                    continue
-                raise RunLogError(
-                    f"{path}:{i}: a dict that is not a Python literal: {m.group(0)[:80]}"
-                ) from None
-            if set(row) <= META or "train_runtime" in row or any(str(k).startswith("eval_") for k in row):
-                continue  # the end-of-training summary or an evaluation, not a training step
-            rows.append({**row, "_line": i, "_col": m.start()})
+                else:
+                    bad.append((i, line[col : col + 80]))
+            elif _training(row):
+                rows.append({**row, "_line": i, "_col": col})
+            elif _evaluation(row):
+                evals.append({**row, "_line": i, "_col": col})
+    if bad and not rows:
+        raise RunLogError(f"{path}:{bad[0][0]}: a dict that is not a Python literal: {bad[0][1]}")
+    if bad:
+        notes.append(
+            f"{path}: {len(bad)} dict(s) that are not Python literals skipped, first at line {bad[0][0]}: {bad[0][1]}"
+        )
     _steps(rows, bars, notes, path)
-    return rows, notes
+    _eval_steps(evals, rows)
+    return sorted([*rows, *evals], key=lambda r: r["_line"]), notes
+
+
+def _eval_steps(evals: Rows, rows: Rows) -> None:
+    """An evaluation's step: that of the training dict printed last before it (the Trainer
+    evaluates right after logging the step)."""
+    for e in evals:
+        before = [r for r in rows if r["_line"] <= e["_line"]]
+        e["step"] = before[-1]["step"] if before else 0
+        del e["_col"]
 
 
 def _near(rows: Rows, i: int, bars: list[tuple[int, int, int, int]], after: bool) -> int | None:
-    """The counter of the progress bar just before (or after) dict ``i``: within two lines,
-    and with no other dict in between."""
+    """The counter of the progress bar just before (or after) dict ``i``: within ``NEAR`` lines
+    (other output, warnings or an NCCL line, may come between), and with no other dict in
+    between. ``bars`` are in the order they appear (by line, then column)."""
     pos = (rows[i]["_line"], rows[i]["_col"])
     if after:
         end = (rows[i + 1]["_line"], rows[i + 1]["_col"]) if i + 1 < len(rows) else (math.inf, 0)
-        near = [b for b in bars if pos < (b[0], b[1]) < end and b[0] - pos[0] <= 2]
-        return min(near)[2] if near else None
+        j = bisect.bisect_right(bars, pos)  # a bar (line, col, ...) sorts after the dict at (line, col)
+        if j < len(bars) and bars[j][:2] < end and bars[j][0] - pos[0] <= NEAR:
+            return bars[j][2]
+        return None
     start = (rows[i - 1]["_line"], rows[i - 1]["_col"]) if i > 0 else (-1, 0)
-    near = [b for b in bars if start < (b[0], b[1]) < pos and pos[0] - b[0] <= 2]
-    return max(near)[2] if near else None
+    j = bisect.bisect_left(bars, pos) - 1
+    if j >= 0 and bars[j][:2] > start and pos[0] - bars[j][0] <= NEAR:
+        return bars[j][2]
+    return None
 
 
 def _decimals(values: list[float]) -> int:
@@ -128,8 +174,17 @@ def _steps(rows: Rows, bars: list[tuple[int, int, int, int]], notes: list[str], 
         )
 
 
-def _sniff(path: Path, head: str) -> bool:
-    return any(DICT.search(line) and "':" in line for line in head.splitlines())
+def _sniff(path: Path, text: Text) -> int:
+    return count_rows(
+        text.lines,
+        lambda line: "{'" in line,
+        lambda line: any(row is not None and any(_numeric(row, k) for k in row) for _, row in _dicts(line)),
+    )
+
+
+def _numeric(row: dict[str, Any], key: str) -> bool:
+    v = row[key]
+    return metric_name(str(key)) is not None and isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 READER = Reader(

@@ -1,12 +1,12 @@
 """TRL / transformers ``trainer_state.json``: the ``log_history`` list, one entry per logging
-step (evaluation entries and the end-of-training summary are skipped)."""
+step, evaluations (``eval_*``) included; the end-of-training summary is skipped."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from .base import Reader, Rows, RunLogError
+from .base import CERTAIN, Reader, Rows, RunLogError, Text
 
 
 def _read(path: Path) -> tuple[Rows, list[str]]:
@@ -20,14 +20,14 @@ def _read(path: Path) -> tuple[Rows, list[str]]:
     for i, entry in enumerate(state["log_history"]):
         if not isinstance(entry, dict):
             raise RunLogError(f"{path}: log_history[{i}]: expected an object, got {type(entry).__name__}")
-        if "step" not in entry or "train_runtime" in entry or any(k.startswith("eval_") for k in entry):
-            continue
+        if "step" not in entry or "train_runtime" in entry:
+            continue  # the end-of-training summary; evaluations (eval_*) are kept
         rows.append({**entry, "_line": f"log_history[{i}]"})
     return rows, []
 
 
-def _sniff(path: Path, head: str) -> bool:
-    return path.suffix == ".json" and '"log_history"' in head
+def _sniff(path: Path, text: Text) -> int:
+    return CERTAIN if path.suffix == ".json" and '"log_history"' in text.text else 0
 
 
 READER = Reader("trl-state", "TRL/transformers trainer_state.json (log_history)", _sniff, _read)

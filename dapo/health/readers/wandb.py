@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .base import Reader, Rows, RunLogError
+from .base import CERTAIN, Reader, Rows, RunLogError, Text
 from .jsonl import STEP_KEYS, step_of
 from .names import number
 
@@ -64,15 +64,16 @@ def _read_json(path: Path) -> tuple[Rows, list[str]]:
     return rows, []
 
 
-def _sniff_csv(path: Path, head: str) -> bool:
-    first = head.split("\n", 1)[0]
-    return path.suffix == ".csv" or ("," in first and any(k in first.split(",") for k in CSV_STEP))
+def _sniff_csv(path: Path, text: Text) -> int:
+    first = text.head.split("\n", 1)[0]
+    header = [h.strip().strip('"') for h in first.split(",")]
+    return CERTAIN if path.suffix == ".csv" or any(k in header for k in CSV_STEP) else 0
 
 
-def _sniff_json(path: Path, head: str) -> bool:
-    return path.suffix == ".json" and (
-        '"_step"' in head or '"history"' in head or '"train/global_step"' in head
-    )
+def _sniff_json(path: Path, text: Text) -> int:
+    head = text.head
+    known = '"_step"' in head or '"history"' in head or '"train/global_step"' in head
+    return CERTAIN if path.suffix == ".json" and known else 0
 
 
 CSV_READER = Reader(

@@ -9,9 +9,12 @@ from . import (
     gradients,
     kl_blowup,
     length_growth,
+    loss_spikes,
     not_learning,
+    reward_collapse,
     rollout_mismatch,
     truncation_noise,
+    validation,
     vanishing_signal,
 )
 from .base import KNOBS, NOT_LOGGED, TOO_FEW_STEPS, Judgement, Knobs, Rule
@@ -21,11 +24,14 @@ RULES: tuple[Rule, ...] = (
     entropy_explosion.RULE,
     vanishing_signal.RULE,
     not_learning.RULE,
+    reward_collapse.RULE,
+    validation.RULE,
     length_growth.RULE,
     truncation_noise.RULE,
     rollout_mismatch.RULE,
     kl_blowup.RULE,
     gradients.RULE,
+    loss_spikes.RULE,
 )
 
 __all__ = ["KNOBS", "NOT_LOGGED", "RULES", "TOO_FEW_STEPS", "Judgement", "Knobs", "Rule"]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..config import HealthConfig
@@ -58,9 +59,10 @@ def not_logged(*names: str) -> Judgement:
 
 
 def too_few(s: Series, c: HealthConfig, windows: float, what: str) -> Judgement:
+    plural = "window" if windows == 1 else "windows"
     return unknown(
         TOO_FEW_STEPS,
-        f"{what}: {len(s)} row(s) over {s.span:g} step(s); needs {windows:g} windows of "
+        f"{what}: {len(s)} row(s) over {s.span:g} step(s); needs {windows:g} {plural} of "
         f">= {s.window(c) if len(s) else c.window:g} steps with >= {c.min_points} rows each",
     )
 
@@ -83,6 +85,85 @@ def outcome(run: Run) -> tuple[str, Series]:
     """The run's measure of success: accuracy where logged, else the mean reward."""
     acc = series(run, "rollout/accuracy")
     return ("accuracy", acc) if acc else ("reward", series(run, "rollout/reward_mean"))
+
+
+def saturation(run: Run, name: str, level: float) -> float | None:
+    """Where ``level`` of the outcome lies in its possible range (0: the bottom, 1: the top):
+    accuracy is in [0, 1]; a reward between the smallest and largest reward the log holds
+    (verl's ``critic/score/min``/``max``). None when the range is not known."""
+    if name == "accuracy":
+        return level
+    lo, hi = series(run, "rollout/reward_min"), series(run, "rollout/reward_max")
+    if not (lo and hi) or max(hi.values) <= min(lo.values):
+        return None
+    return (level - min(lo.values)) / (max(hi.values) - min(lo.values))
+
+
+def progress(run: Run, c: HealthConfig, since: float) -> tuple[str, str]:
+    """How learning went from step ``since`` on (a problem's onset), and the evidence:
+    ``rising`` (the outcome rose significantly over the later half of that part), ``saturated``
+    (flat there at ``saturated_frac`` of its range or above, or the validation score at its best),
+    ``stalled`` (flat or falling), or ``unknown`` (no outcome, or too few rows)."""
+    name, out = outcome(run)
+    after = out.after(since)
+    if not after.covers(c, 2):
+        return "unknown", ""
+    later = after.after(after.steps[0] + after.span / 2) if after.covers(c, 4) else after
+    g, noise = gain(later)
+    now = mean(out.tail(c))
+    ev = f"{name} from step {later.steps[0]:g}: {g:+.3g} (+-{noise:.2g}), now {now:.3g}"
+    if g > 2 * noise:
+        return "rising", ev + ", still rising"
+    top = saturation(run, name, now)
+    if top is not None and top >= c.saturated_frac:
+        return "saturated", ev + f", at {top:.0%} of its range"
+    val = series(run, "eval/score").after(since)
+    if len(val) >= 3 and val.values[-1] >= max(val.values) - max(0.01, c.val_drop * abs(max(val.values))):
+        return "saturated", ev + f"; validation score {val.values[-1]:.3g}, at its best"
+    return "stalled", ev + ", no longer rising"
+
+
+def effect(s: Series, c: HealthConfig) -> float:
+    """The smallest change of ``s`` that counts as one: ``min_gain_frac`` of the spread of its
+    values (5th to 95th percentile) and ``min_gain_rel`` of their magnitude, so that a
+    significant but negligible drift (0.2056 -> 0.2064) is no rise."""
+    v = sorted(s.values)
+    if not v:
+        return 0.0
+    spread = v[int(0.95 * (len(v) - 1))] - v[int(0.05 * (len(v) - 1))]
+    return max(c.min_gain_frac * spread, c.min_gain_rel * max(abs(v[0]), abs(v[-1])))
+
+
+def learns(run: Run, c: HealthConfig) -> bool:
+    """Whether the outcome rose over the log: first to last quarter, by more than twice its
+    noise and by a change that counts (:func:`effect`)."""
+    _, out = outcome(run)
+    if not out.covers(c, 2):
+        return False
+    g, noise = gain(out)
+    return g > 2 * noise and g >= effect(out, c)
+
+
+def spike_status(
+    run: Run,
+    s: Series,
+    spikes: Sequence[float],
+    c: HealthConfig,
+    is_spike: Callable[[float], bool],
+    blowup: bool = False,
+) -> tuple[str, str]:
+    """The severity of spikes at steps ``spikes`` of ``s`` (a blow-up, or more than 5% of the
+    rows and two at least: failing; two or more: warning; one: evidence), and what to add to
+    the evidence. Spikes a run keeps coming back from (the last window's median is no spike)
+    while it keeps learning (:func:`learns`) are at most a warning: they are transient, and
+    the clip absorbs them."""
+    if not spikes:
+        return "healthy", ""
+    if blowup or len(spikes) > max(1.0, 0.05 * len(s)):
+        if not is_spike(statistics.median(s.tail(c))) and learns(run, c):
+            return "warning", "; transient (the last window's median is normal) and the run kept learning"
+        return "failing", ""
+    return ("warning", "") if len(spikes) > 1 else ("healthy", ", isolated")
 
 
 def gain(s: Series) -> tuple[float, float]:

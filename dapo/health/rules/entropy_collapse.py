@@ -1,15 +1,21 @@
 """Entropy collapse (paper Fig. 2b): entropy falls to a fraction of its start and stays there.
 Supporting evidence: up-clipped tokens with low old probability (Fig. 3a).
 
-Collapse harms by ending exploration, so the learning curve decides how bad it is: entropy
-that falls while accuracy (or reward) keeps rising significantly after the fall began is a
-policy converging, a warning at most; entropy that falls while learning stalls is failing."""
+Collapse harms by ending exploration, so the learning curve decides whether it is one. Every
+long-CoT run's entropy falls as the policy sharpens (the paper's Fig. 2b baseline falls too;
+its DAPO run is the exception). Entropy that falls while the outcome is still rising over the
+later half of the time since the fall, or has saturated (at ``saturated_frac`` of its range,
+or the validation score at its best), is a policy converging: healthy, with a note. Entropy
+that falls below ``entropy_fail_frac`` of its start while learning has stalled short of that is
+a collapse (failing); one that stays above it is a warning, unless the run learned before it
+levelled off (moderate sharpening: healthy). Without an outcome logged the fall alone decides
+(below ``entropy_warn_frac``: warning)."""
 
 from __future__ import annotations
 
 from ..config import HealthConfig
 from ..series import Run, mean, series
-from .base import Judgement, Knobs, Rule, gain, outcome, start_and_now
+from .base import Judgement, Knobs, Rule, learns, progress, start_and_now
 
 
 def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
@@ -21,20 +27,24 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     status = (
         "failing" if frac < c.entropy_fail_frac else "warning" if frac < c.entropy_warn_frac else "healthy"
     )
-    threshold = c.entropy_fail_frac if status == "failing" else c.entropy_warn_frac
-    since = s.onset(c, lambda v: v < threshold * start) if status != "healthy" else None
     ev = f"entropy {start:.3f} -> {now:.3f} ({frac:.0%} of start)"
+    if status == "healthy":
+        return Judgement(status, evidence=ev)
+    threshold = c.entropy_fail_frac if status == "failing" else c.entropy_warn_frac
+    since = s.onset(c, lambda v: v < threshold * start)
     up, cf = series(run, "actor/upclip_old_prob"), series(run, "actor/clipfrac_upper")
     if cf and up:
         ev += f"; {mean(cf.values):.2%} of tokens up-clipped, their old probability {mean(up.values):.2f} on average"
-    name, out = outcome(run)
-    if status == "failing" and since is not None and out.after(since).covers(c, 2):
-        g, noise = gain(out.after(since))
-        ev += f"; {name} since step {since:g}: {g:+.3g} (+-{noise:.2g})"
-        if g > 2 * noise:
-            status = "warning"
-            ev += ", still rising: converging rather than stuck"
-    return Judgement(status, since, ev, _advice(run, knobs) if status != "healthy" else None)
+    state, learning = progress(run, c, since if since is not None else s.steps[0])
+    if learning:
+        ev += f"; {learning}"
+    if state in ("rising", "saturated"):
+        return Judgement("healthy", evidence=ev + ": a policy converging, not a collapse")
+    if state == "stalled" and status == "warning" and learns(run, c):
+        return Judgement(
+            "healthy", evidence=ev + "; the run learned before it levelled off: moderate sharpening"
+        )
+    return Judgement(status, since, ev, _advice(run, knobs))
 
 
 def _advice(run: Run, knobs: Knobs) -> str | None:

@@ -17,7 +17,9 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     ratio = now / start
     recent = s.recent(c)
     rising = slope(recent.steps, recent.values) > 0
-    ev = f"entropy {start:.3f} -> {now:.3f} ({ratio:.2f}x its start)" + (", still rising" if rising else "")
+    ev = f"entropy {start:.3f} -> {now:.3f} ({ratio:.2f}x its start)" + (
+        ", still rising" if rising and ratio > 1 else ""
+    )
     if ratio >= c.entropy_explode_fail:
         status = "failing"
     elif ratio >= c.entropy_explode_warn and rising:

@@ -2,10 +2,10 @@
 against a robust level that does not collapse at 0 (the median of the non-zero norms), and
 runs of exactly-zero norms (no gradient at all: every group uniform, or a broken loss).
 
-Severity: a blow-up (above ``10 * grad_explode`` times the level), non-finite norms, or spikes
-in more than 5% of the rows: failing; two or more spikes: warning; one spike below the
-blow-up level is reported as evidence only (the norm is measured before clipping, and the
-run recovered)."""
+Severity: non-finite norms: failing; a blow-up (above ``10 * grad_explode`` times the level)
+or spikes in more than 5% of the rows: failing, or a warning when the run came back from them
+and kept learning; two or more spikes: warning; one spike below the blow-up level is reported
+as evidence only (the norm is measured before clipping, and the run recovered)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import statistics
 
 from ..config import HealthConfig
 from ..series import Run, nonfinite_steps, series
-from .base import Judgement, Knobs, Rule, not_logged, worse
+from .base import Judgement, Knobs, Rule, not_logged, spike_status, worse
 
 
 def _zero_runs(steps: list[float], values: list[float], min_len: int) -> list[tuple[float, int]]:
@@ -72,13 +72,12 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
                     f"({spikes[0][1]:.3g})"
                 )
                 big = max(v for _, v in spikes) > 10 * c.grad_explode * level
-                if big or len(spikes) > 0.05 * len(gn):
-                    status = worse(status, "failing")
-                elif len(spikes) > 1:
-                    status = worse(status, "warning")
-                else:  # one spike under the blow-up level: clipped, and the run recovered
-                    parts[-1] += ", isolated"
-                if status != "healthy":
+                severity, note = spike_status(
+                    run, gn, [x for x, _ in spikes], c, lambda v: v > c.grad_explode * level, blowup=big
+                )
+                parts[-1] += note
+                status = worse(status, severity)
+                if severity != "healthy":
                     at(spikes[0][0])
     advice = None
     if zero_runs and not spikes and not bad:

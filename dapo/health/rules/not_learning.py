@@ -1,12 +1,15 @@
-"""Not learning: accuracy (or reward) flat at its floor or its ceiling. At the floor every group
-is all-wrong and gives no gradient; at the ceiling there is nothing left to learn. A reward
-that does not rise over a long run is a warning."""
+"""Not learning: accuracy (or reward) at its floor or its ceiling, or flat over the run. At the
+floor every group is all-wrong and gives no gradient; at the ceiling there is nothing left to
+learn. A level needs one row (one step whose every group is all wrong already says there is no
+gradient); a trend needs windows: an outcome that does not rise from the first to the last
+quarter (of a run of two windows or more) is a warning, and failing over a long run
+(``flat_windows`` windows or more)."""
 
 from __future__ import annotations
 
 from ..config import HealthConfig
 from ..series import Run, mean, series
-from .base import Judgement, Knobs, Rule, gain, not_logged, too_few
+from .base import Judgement, Knobs, Rule, effect, gain, not_logged, too_few
 
 
 def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
@@ -16,48 +19,56 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     main = acc if acc else reward
     if not (main or wrong):
         return not_logged("rollout/accuracy", "rollout/reward_mean", "rollout/groups_all_wrong")
-    longest = max((main, wrong), key=len)
-    if not longest.covers(c, 2):
-        return too_few(longest, c, 2, "accuracy / reward")
     parts, floor_now, floor_start = [], False, False
-    if acc.covers(c, 2):
+    if acc:
         a0, a1 = mean(acc.head(c)), mean(acc.tail(c))
-        parts.append(f"accuracy {a0:.3f} -> {a1:.3f}")
+        parts.append(f"accuracy {a0:.3f} -> {a1:.3f}" if acc.covers(c, 2) else f"accuracy {a1:.3f}")
         floor_now, floor_start = a1 <= c.floor_frac, a0 <= c.floor_frac
         if a0 >= 1 - c.floor_frac and a1 >= 1 - c.floor_frac:
             return Judgement("warning", acc.steps[0], "; ".join(parts) + " (at the ceiling)", _ceiling)
-    if wrong.covers(c, 2):
+    if wrong:
         w0, w1 = mean(wrong.head(c)), mean(wrong.tail(c))
-        parts.append(f"groups all wrong {w0:.2f} -> {w1:.2f}")
+        parts.append(
+            f"groups all wrong {w0:.2f} -> {w1:.2f}" if wrong.covers(c, 2) else f"groups all wrong {w1:.2f}"
+        )
         floor_now = floor_now or w1 >= 1 - c.floor_frac
         floor_start = floor_start or w0 >= 1 - c.floor_frac
-    if reward.covers(c, 2):
+    if reward:
         r0, r1 = mean(reward.head(c)), mean(reward.tail(c))
-        parts.append(f"reward {r0:.3g} -> {r1:.3g}")
+        parts.append(f"reward {r0:.3g} -> {r1:.3g}" if reward.covers(c, 2) else f"reward {r1:.3g}")
         recent = list(reward.tail(c))
-        if max(recent) == min(recent) and (
-            not (lo and hi) or all(a == b for a, b in zip(lo.tail(c), hi.tail(c)))
-        ):
+        spread = list(zip(lo.tail(c), hi.tail(c)))
+        alike = all(a == b for a, b in spread) if spread else len(recent) >= c.min_points
+        if max(recent) == min(recent) and alike:
             parts.append(
-                f"reward exactly {recent[0]:.3g} in the last {len(recent)} rows (every response scored alike)"
+                f"reward exactly {recent[0]:.3g} in the last {len(recent)} row(s) (every response scored alike)"
             )
             floor_now = True
     if floor_now:
         since = main.onset(c, lambda v: v <= c.floor_frac) if acc else None
         if since is None and wrong:
             since = wrong.onset(c, lambda v: v >= 1 - c.floor_frac)
+        first = (main if main else wrong).steps[0]
         where = " from the start" if floor_start else ""
         return Judgement(
             "failing",
-            since if since is not None else main.steps[0],
+            since if since is not None else first,
             "; ".join(parts) + f" (at the floor{where})",
             _floor,
         )
-    if main.covers(c, 4):
+    longest = max((main, wrong), key=len)
+    if not longest.covers(c, 2):
+        return too_few(longest, c, 2, "accuracy / reward")
+    if main.covers(c, 2):
         g, noise = gain(main)
-        parts.append(f"first to last quarter {g:+.3g} (+-{noise:.2g})")
-        if g <= noise:
-            return Judgement("warning", main.steps[len(main) // 2], "; ".join(parts) + " (not rising)")
+        least = effect(main, c)
+        parts.append(f"first to last quarter {g:+.3g} (+-{noise:.2g}; a rise counts from {least:.2g})")
+        if g <= noise or g < least:
+            long = main.covers(c, c.flat_windows)
+            why = f" (not rising over {main.span:g} steps)" if long else " (not rising)"
+            return Judgement(
+                "failing" if long else "warning", main.steps[len(main) // 2], "; ".join(parts) + why
+            )
     return Judgement("healthy", evidence="; ".join(parts))
 
 
@@ -69,7 +80,7 @@ _ceiling = "every response is already right: harder prompts (filter the data by 
 
 RULE = Rule(
     "not_learning",
-    "Not learning (reward flat at its floor or ceiling)",
+    "Not learning (reward flat, at its floor or ceiling)",
     "Check the reward and the data's difficulty; dynamic sampling cannot create a signal",
     check,
 )

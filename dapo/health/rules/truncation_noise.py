@@ -13,12 +13,12 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     tr, ent = series(run, "rollout/truncation_rate"), series(run, "actor/entropy")
     if not tr:
         return not_logged("rollout/truncation_rate")
-    if not tr.covers(c, 1):
-        return too_few(tr, c, 1, "rollout/truncation_rate")
     now = mean(tr.tail(c))
+    if not tr.covers(c, 1) and now < c.truncation_fail:  # a level: one row of cut responses says it
+        return too_few(tr, c, 1, "rollout/truncation_rate")
     recent = ent.recent(c)
     dropping = ent.covers(c, 2) and slope(recent.steps, recent.values) < 0
-    ev = f"truncation rate {now:.1%} over the last {tr.window(c):g} steps" + (
+    ev = f"truncation rate {now:.1%} over the last {len(tr.tail(c))} row(s)" + (
         ", entropy dropping" if dropping else ""
     )
     if now < c.truncation_warn:

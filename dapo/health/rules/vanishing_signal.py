@@ -34,14 +34,20 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     share, rounds = uniform_share(run), series(run, "sampling/rounds")
     under, adv = series(run, "sampling/underfilled"), series(run, "rollout/advantage_abs_max")
     zero_at, zero_ev = _zero_grads(run, c)
+    ds_active = (bool(rounds) and max(rounds.values) > 1) or knobs.get("dynamic_sampling") is True
     if not (share.covers(c, 2) or rounds.covers(c, 2) or adv.covers(c, 2)):
         if zero_at is not None:  # no gradient at all says it directly
             return Judgement("failing", zero_at, zero_ev)
+        if share and not ds_active and mean(share.tail(c)) >= c.uniform_fail:  # a level: one row says it
+            return Judgement(
+                "failing",
+                share.steps[0],
+                f"groups with accuracy 0 or 1: {mean(share.tail(c)):.2f} over the last {len(share.tail(c))} row(s)",
+            )
         if not (share or rounds or adv):
             return not_logged("group accuracy shares", "sampling/rounds", "advantages")
         longest = max((share, rounds, adv), key=len)
         return too_few(longest, c, 2, "group shares / sampling rounds")
-    ds_active = (bool(rounds) and max(rounds.values) > 1) or knobs.get("dynamic_sampling") is True
     status, since, parts = "healthy", None, []
     if share.covers(c, 2):
         head, now = mean(share.head(c)), mean(share.tail(c))

@@ -13,16 +13,21 @@ each framework writes them:
 * ``wandb-history.csv``: ``run.history().to_csv()`` of the verl run (pandas index column,
   ``_step``, ``_runtime``, ``_timestamp``, the metrics);
 * ``wandb-panel.csv``: a W&B panel's "Export CSV" of the TRL run's ``train/reward`` and
-  ``train/grad_norm`` (``Step``, ``<run> - <metric>``, ``__MIN``/``__MAX``).
+  ``train/grad_norm`` (``Step``, ``<run> - <metric>``, ``__MIN``/``__MAX``);
+* ``wandb-offline/``: the verl run through ``wandb`` itself in offline mode (verl's
+  ``Tracking`` calls ``wandb.log(data=data, step=step)``); only the run's ``.wandb`` file is
+  kept (``python tests/data/health/formats/make_samples.py wandb-offline``).
 
-Run from the repository root: ``python tests/data/health/formats/make_samples.py`` (needs
-``tensorboard``, ``transformers``, ``pandas``).
+Run from the repository root: ``python tests/data/health/formats/make_samples.py [NAME ...]``
+(needs ``tensorboard``, ``transformers``, ``pandas``; ``wandb`` for the offline run).
 """
 
 from __future__ import annotations
 
 import csv
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -39,6 +44,22 @@ TRL = CAL / "website-sanitizer-qwen0.5b-grpo-truncation.log"
 
 def _raw(rows):
     return [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+
+
+def wandb_offline() -> None:
+    import wandb
+
+    out = HERE / "wandb-offline"
+    shutil.rmtree(out, ignore_errors=True)
+    os.environ["WANDB_SILENT"] = "true"
+    run = wandb.init(mode="offline", dir=str(out), project="verl-gsm8k", name="qwen2-7b-grpo")
+    for row in _raw(verl_console.READER.read(VERL)[0]):
+        run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])  # verl's Tracking.log
+    run.finish()
+    (run_dir,) = (out / "wandb").glob("offline-run-*")
+    for p in sorted(run_dir.rglob("*"), reverse=True):
+        if p.suffix != ".wandb":
+            p.unlink() if p.is_file() else p.rmdir()
 
 
 def main() -> None:
@@ -77,4 +98,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["wandb-offline"]:
+        wandb_offline()
+    else:
+        main()

@@ -1,0 +1,96 @@
+"""Custom trainers' console lines: a step and ``key=value`` or ``key: value`` pairs, in the
+many spellings people print them, e.g.
+
+    step:12 | policy_loss=0.0312 | kl_divergence=0.0041 | mean_reward=0.18 | grad_norm=0.93
+    Step 5/233: loss=0.41, reward=0.30, kl=0.012
+    [iter 40] reward: 0.52  entropy: 0.81  grad_norm: 1.2
+
+A line is a row when it names a step (``step``, ``global_step``, ``iter``, ``iteration``,
+``update``: a number after it, ``/total`` allowed) and at least one pair whose key this tool
+knows (:mod:`.names`). A line that is one known ``key: value`` (words allowed in the key, as
+DeepSpeed-Chat's ``average reward score: 0.21``) within two lines of a row belongs to it.
+Every other line (status lines, config dumps, tracebacks) is noise."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from .base import Reader, Rows, Text, count_rows, text_lines
+from .names import metric_name, number
+
+STEP = re.compile(
+    r"(?i)(?<![\w/])(?:global_step|step|iter|iteration|update)\s*[:=#]?\s*(\d+)(?:\s*/\s*\d+)?\b"
+)
+PAIR = re.compile(
+    r"(?<![\w/.])([A-Za-z_][\w./-]*?)\s*[=:]\s*"
+    r"((?:[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf))(?![\w.]))",
+    re.IGNORECASE,
+)
+
+
+def parse(line: str) -> dict[str, Any] | None:
+    """The row of a line, or None when the line names no step or no known metric."""
+    if "=" not in line and ":" not in line:
+        return None
+    step = STEP.search(line)
+    if step is None:
+        return None
+    row: dict[str, Any] = {}
+    for m in PAIR.finditer(line, step.end()):
+        key = m.group(1)
+        if metric_name(key) is not None:
+            row[key] = number(m.group(2))
+    if not row:
+        return None
+    row["step"] = int(step.group(1))
+    return row
+
+
+ALONE = re.compile(
+    r"^\s*([A-Za-z][\w ./-]*?)\s*[:=]\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|[-+]?inf)\s*$"
+)
+
+
+def _continued(line: str) -> tuple[str, float] | None:
+    """A line that is one known ``key: value`` pair (the key may hold spaces)."""
+    m = ALONE.match(line) if ":" in line or "=" in line else None
+    if m is None:
+        return None
+    key = re.sub(r"\s+", "_", m.group(1).strip().lower())
+    value = number(m.group(2))
+    return (key, value) if metric_name(key) and value is not None else None
+
+
+def _rows(lines: list[str]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for i, line in enumerate(lines, 1):
+        row = parse(line)
+        if row is not None:
+            rows.append({**row, "_line": i})
+        elif rows and i - rows[-1]["_line"] <= 2 and (pair := _continued(line)) is not None:
+            rows[-1].setdefault(pair[0], pair[1])
+    return rows
+
+
+def _read(path: Path) -> tuple[Rows, list[str]]:
+    lines, _ = text_lines(path)
+    return _rows(lines), []
+
+
+def _candidate(line: str) -> bool:
+    low = line[:200].lower()
+    return ("=" in line or ":" in line) and ("step" in low or "iter" in low or "update" in low)
+
+
+def _sniff(path: Path, text: Text) -> int:
+    return count_rows(text.lines, _candidate, lambda line: parse(line) is not None)
+
+
+READER = Reader(
+    "custom-kv",
+    "custom trainers' lines 'step N | key=value | ...' or 'step N: key: value ...'",
+    _sniff,
+    _read,
+)

@@ -1,0 +1,97 @@
+"""The training table that transformers' notebook progress callback (and Unsloth's) draws in a
+Jupyter notebook, as people paste it into issues and READMEs: a header row that starts with
+``Step`` and one row per logged step, cells separated by ``|`` (a markdown table) or tabs::
+
+    Step | Training Loss | reward | reward_std | completion_length | kl
+    -- | -- | -- | -- | -- | --
+    1 | 0.000000 | -17.250000 | 1.500000 | 445.500000 | 0.000000
+
+Column names are the logged names, with "Training Loss" for ``loss`` and ``rewards / f`` for
+``rewards/f``. The same reader takes the tables people type into run journals
+(``| Step | Loss | Reward | KL |``): a header is matched case-insensitively, with units in
+parentheses dropped and spaces read as underscores (``Grad Norm`` -> ``grad_norm``); a cell in
+percent is a share (``18.0%`` -> 0.18), and a reward given in percent a success rate
+(accuracy)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from .base import Reader, Rows, Text, text_lines
+from .names import metric_name, number
+
+SPLIT = re.compile(r"\s*\|\s*|\t+")
+RENAME = {"training loss": "loss", "validation loss": "eval_loss"}
+UNITS = re.compile(r"\s*\([^)]*\)\s*")
+
+
+def _cells(line: str) -> list[str]:
+    cells = SPLIT.split(line.strip().strip("|").strip())
+    return [c.strip() for c in cells]
+
+
+def _header(cells: list[str]) -> list[str] | None:
+    if len(cells) < 2 or cells[0].lower() not in ("step", "steps"):
+        return None
+    names = [_name(c) for c in cells]
+    return names if any(metric_name(n) for n in names[1:]) else None
+
+
+def _name(cell: str) -> str:
+    """A column's metric name: as logged, or normalised as people type it in a journal."""
+    name = re.sub(r"\s*/\s*", "/", cell)
+    if name in RENAME or metric_name(name):
+        return RENAME.get(name, name)
+    lower = UNITS.sub(" ", cell.lower()).strip()
+    return RENAME.get(lower, re.sub(r"\s+", "_", re.sub(r"\s*/\s*", "/", lower)))
+
+
+def _rows(lines: list[str]) -> list[tuple[int, dict[str, Any]]]:
+    out: list[tuple[int, dict[str, Any]]] = []
+    header: list[str] | None = None
+    for i, line in enumerate(lines, 1):
+        if "|" not in line and "\t" not in line:
+            header = None if line.strip() else header
+            continue
+        cells = _cells(line)
+        found = _header(cells)
+        if found is not None:
+            header = found
+            continue
+        if header is None or len(cells) != len(header) or not cells[0].isdigit():
+            continue
+        row: dict[str, Any] = {"step": int(cells[0])}
+        for name, cell in zip(header[1:], cells[1:]):
+            cell = cell.strip("*_ ")  # **bold** in a journal
+            percent = cell.endswith("%")
+            v = number(cell.removesuffix("%"))
+            if v is None or not metric_name(name):
+                continue
+            if percent:  # a share: a reward given in percent is a success rate
+                v /= 100
+                name = "accuracy" if metric_name(name) == "rollout/reward_mean" else name
+            row[name] = v
+        if len(row) > 1:
+            out.append((i, row))
+    return out
+
+
+def _read(path: Path) -> tuple[Rows, list[str]]:
+    lines, _ = text_lines(path)
+    return [{**row, "_line": i} for i, row in _rows(lines)], []
+
+
+def _sniff(path: Path, text: Text) -> int:
+    if not any(c in text.text for c in "|\t"):
+        return 0
+    return len(_rows(text.lines))
+
+
+READER = Reader(
+    "hf-table",
+    "notebook training tables 'Step | Training Loss | reward | ...' (transformers, Unsloth)",
+    _sniff,
+    _read,
+)
