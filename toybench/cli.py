@@ -129,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument(
         "--seeds", type=Int(lo=1), default=10, help="seeds per case (default 10; one block, verdict counts)"
     )
+    h.add_argument(
+        "--seed-start",
+        type=Int(lo=0),
+        default=0,
+        help="first seed of the block (default 0; --seed-start 10 is the second block)",
+    )
     _common(h, "runs/health", "; the committed report: --out reports/health")
     return p
 
@@ -166,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         from .health_suite import run_suite, write_report
 
         t0 = time.perf_counter()
-        suite = run_suite(seeds=args.seeds, jobs=args.jobs, progress=not args.quiet)
+        suite = run_suite(
+            seeds=args.seeds, jobs=args.jobs, progress=not args.quiet, seed_start=args.seed_start
+        )
         command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
         path = write_report(suite, args.out, command, time.perf_counter() - t0)
         from .output import markdown_as_text

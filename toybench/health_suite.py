@@ -179,16 +179,19 @@ def run_suite(
     seeds: int = 10,
     jobs: int | None = None,
     progress: bool = True,
+    seed_start: int = 0,
 ) -> dict:
-    """Diagnose every run of the four experiments and the fault runs; return the matrix."""
+    """Diagnose every run of the four experiments and the fault runs (seeds ``seed_start`` ..
+    ``seed_start + seeds - 1``: one block); return the matrix and the detection figures."""
     needed = [
         REGISTRY[n]
         for n in ("entropy_collapse", "zero_gradient", "truncation_noise")
         if results is None or n not in results
     ]
     fresh = run_experiments(
-        [*needed, FAULTS], seeds=seeds, jobs=jobs, confirm=False, progress=progress
+        [*needed, FAULTS], seeds=seeds, jobs=jobs, confirm=False, progress=progress, seed_start=seed_start
     )  # counts, not intervals
+    block = range(seed_start, seed_start + seeds)
     results = {**(results or {}), **{r.experiment.name: r for r in fresh}}
     horizon = {(c.failing[0], c.failing[1]): c.horizon for c in CASES}
     horizon.update({(c.fixed[0], c.fixed[1]): c.horizon for c in CASES})
@@ -196,7 +199,7 @@ def run_suite(
     for case in CASES:
         for role, (exp, arm) in (("failing", case.failing), ("fixed", case.fixed)):
             for seed, log in results[exp].logs[arm].items():
-                if seed >= seeds:  # the discovery seeds 0..seeds-1 of results run with both blocks
+                if seed not in block:  # results may hold both blocks: one at a time
                     continue
                 log = log[: case.horizon] if case.horizon else log
                 findings = {f.rule: f for f in diagnose(log)}
@@ -212,7 +215,7 @@ def run_suite(
     late: dict[str, list[dict]] = {}
     for rule, ((exp, arm), onset) in LATE.items():
         for seed, log in results[exp].logs[arm].items():
-            if seed >= seeds:
+            if seed not in block:
                 continue
             findings = {f.rule: f for f in diagnose(log)}
             first = _first_alarm(log, rule, onset)

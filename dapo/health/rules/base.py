@@ -167,9 +167,14 @@ def spike_status(
 
 
 def gain(s: Series) -> tuple[float, float]:
-    """(last quarter's mean - first quarter's, the standard error of that difference)."""
+    """(last quarter's mean - first quarter's, the standard error of that difference). A quarter
+    of one row has no spread of its own: then the noise is the whole series' (a difference of
+    two single rows is never significant by construction)."""
     q = max(1, len(s) // 4)
     first, last = s.values[:q], s.values[-q:]
+    if q < 2:
+        sd = statistics.stdev(s.values) if len(s) > 1 else 0.0
+        return mean(last) - mean(first), sd * (2 / q) ** 0.5
     return mean(last) - mean(first), (stderr(first) ** 2 + stderr(last) ** 2) ** 0.5
 
 
