@@ -90,8 +90,9 @@ def write(rows: list[dict[str, Any]], out: Path, command: str) -> Path:
         "",
         f"Command: `{command}`. Logs, provenance and the authors' words: `tests/data/health/calibration/SOURCES.json`.",
         "",
-        f"{len(rows)} logs, {len(judged)} with a verdict from their authors or a maintainer. Ours is the same on "
-        f"{sum(r['agrees'] for r in judged)}; it calls healthy {_count(judged, 'failing', 'healthy') + _count(judged, 'warning', 'healthy')} "
+        f"{len(rows)} logs, {len(judged)} with a verdict from their authors or a maintainer, "
+        f"{len({r['framework'].split()[0].lower().strip('(,') for r in rows})} frameworks or trainers. Ours is the same on "
+        f"{sum(r['agrees'] for r in judged)} ({sum(r['agrees'] for r in judged) / max(1, len(judged)):.0%}); it calls healthy {_count(judged, 'failing', 'healthy') + _count(judged, 'warning', 'healthy')} "
         f"run(s) their authors call failing or warning, and failing {_count(judged, 'healthy', 'failing')} run(s) their "
         "authors call healthy (each with its reason below). Where a verdict differs, `why` in SOURCES.json says why.",
         "",
