@@ -179,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dapo {command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `dapo diagnose LOG | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141
     except OSError as err:  # a read-only mount, a full disk, a file removed under us
         if err.filename is None:
             return _internal(command)

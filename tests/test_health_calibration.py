@@ -49,6 +49,7 @@ def test_no_run_its_authors_call_failing_is_called_healthy():
     table = confusion(rows)
     assert table.get("failing", {}).get("healthy", 0) == 0
     assert table.get("warning", {}).get("healthy", 0) == 0
+    assert all(r["ours"]["verdict"] != "unreadable" for r in rows)  # every log read as published
 
 
 def test_committed_calibration_report_is_current():

@@ -285,3 +285,20 @@ def test_follow_on_a_path_that_never_appears_says_so_and_fails(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "waiting for" in r.stdout and "no such file or directory" in r.stdout
     assert "still no log after waiting" in r.stderr
+
+
+def test_a_closed_pipe_ends_diagnose_quietly(tmp_path):
+    """`dapo diagnose LOG | head`: the reader closing the pipe is no internal error."""
+    many = [{**r, "arm": f"a{k}"} for k in range(300) for r in rows(30, **{"actor/entropy": 0.6})]
+    log = write(tmp_path / "many.jsonl", many)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dapo.cli", "diagnose", str(log)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    assert proc.stdout.read(100)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) in (0, 141) and "internal error" not in err, err
+    assert not (tmp_path / "runs").exists()  # no crash log written

@@ -215,3 +215,13 @@ def test_levels_need_one_row_trends_need_windows(tmp_path):
     assert fs["not_learning"].status == "failing" and "floor" in fs["not_learning"].evidence
     assert fs["vanishing_signal"].status == "failing"
     assert fs["entropy_collapse"].status == "unknown"  # a trend: not from 2 rows
+
+
+def test_a_users_own_names_and_mean_std_pairs(tmp_path):
+    """TRL #986: the reporter logged ``ppo_response_length`` as ``"mean|std"`` strings."""
+    f = tmp_path / "mine.jsonl"
+    f.write_text(
+        "".join(json.dumps({"step": s, "ppo_response_length": f"{60 - s}.5|3.2"}) + "\n" for s in range(1, 6))
+    )
+    run, fmt = rows(f)
+    assert fmt == "jsonl" and [r["rollout/length_mean"] for r in run] == [59.5, 58.5, 57.5, 56.5, 55.5]

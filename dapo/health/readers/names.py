@@ -90,6 +90,9 @@ EVAL = re.compile(
 and older ``val/test_score/<data>``, TRL's ``eval_reward`` / ``eval_accuracy``, this project's
 ``eval/avg@k``. Where a row has several (one per data set), their mean."""
 
+PREFIXES = ("ppo_", "grpo_", "rl_", "train_")
+"""Prefixes people put before a known name when they log it themselves."""
+
 FALLBACK = {
     "critic/rewards/mean": "rollout/reward_mean",  # verl: reward after the KL penalty
     "rewards/mean": "rollout/reward_mean",
@@ -110,6 +113,9 @@ def metric_name(key: str) -> str | None:
         return NAMES[key]
     if key.startswith("train/") and key[6:] in NAMES:
         return NAMES[key[6:]]
+    for prefix in PREFIXES:  # a user's own logging: ppo_response_length, grpo_reward
+        if key.startswith(prefix) and key[len(prefix) :] in NAMES:
+            return NAMES[key[len(prefix) :]]
     if ACCURACY.match(key):
         return "rollout/accuracy"
     if EVAL.match(key):
@@ -159,7 +165,7 @@ def normalize(row: Mapping[str, Any]) -> dict[str, float]:
 
 def number(text: str) -> float | None:
     """A number as logs print it: ``0.5``, ``nan``, ``-inf``, ``np.float64(0.5)``,
-    ``tensor(0.5)``; None for anything else."""
+    ``tensor(0.5)``, the mean of a ``mean|std`` pair; None for anything else."""
     try:  # the common case first: a plain number
         value = float(text)
     except ValueError:
@@ -171,6 +177,9 @@ def number(text: str) -> float | None:
             else None
         )
     text = text.strip()
+    mean, bar, spread = text.partition("|")  # "52.5|37.7": mean|std, as some loggers print a pair
+    if bar and number(spread) is not None:
+        return number(mean)
     m = re.fullmatch(r"(?:np\.\w+|numpy\.\w+|tensor|float)\((.*?)(?:,.*)?\)", text)
     if m:
         text = m.group(1).strip()
