@@ -114,7 +114,8 @@ def _first_alarm(log: list[dict[str, float]], rule: str, after: int) -> int | No
         step = int(log[end]["step"])
         if step < after:
             continue
-        status = next(f.status for f in diagnose(log[: end + 1]) if f.rule == rule)
+        (finding,) = diagnose(log[: end + 1], rules=[r for r in RULES if r.name == rule])
+        status = finding.status
         if SEVERITY[status] >= 1:
             return step
     return None
