@@ -523,9 +523,9 @@ def test_rules_fire_on_toy_failures_and_less_on_fixed_runs(toy_results):
     assert all("rounds" in r["evidence"] for r in ds_rows)
     # faults injected late (step 30): every one found, by the rule it belongs to, within a window
     d = suite["detection"]
-    for rule in ("rollout_mismatch", "gradients"):
-        assert d[rule]["recall"] == 1.0 and d[rule]["precision"] == 1.0, d[rule]
-        assert d[rule]["lead_runs"] == 10 and d[rule]["lead_missed"] == 0 and d[rule]["lead_max"] <= 10, d[
-            rule
-        ]
-    assert d["entropy_collapse"]["lead_runs"] == 10 and d["entropy_collapse"]["lead_min"] >= 0
+    for rule in ("rollout_mismatch", "gradients", "kl_blowup"):
+        found = d[rule]
+        assert found["recall"] == 1.0 and found["precision"] == 1.0, found
+        assert found["lead_runs"] == 10 and found["lead_missed"] == 0 and found["lead_max"] <= 10, found
+    # the learning rate x30 from step 30 collapses entropy within a window (an alarm on every run)
+    assert d["entropy_collapse"]["lead_runs"] == 10 and 0 <= d["entropy_collapse"]["lead_max"] <= 10

@@ -31,7 +31,7 @@ class Arm:
     task_kwargs: dict[str, Any] = field(default_factory=dict)
     faults: dict[str, Any] = field(default_factory=dict)
     """Fault injection passed to :class:`RunSpec` (``engine_noise``, ``engine_noise_from``,
-    ``nan_steps``)."""
+    ``lr_boost``, ``lr_boost_from``, ``nan_steps``)."""
     loss: str = "dapo"
     """The policy loss (a :func:`toybench.losses.resolve` spec; see ``dapo toy check``)."""
 

@@ -10,11 +10,10 @@ learns to shorten, see the length-bias experiment), the rule is checked on a syn
 log shaped like the paper's Figure 4 instead, and the matrix says so.
 
 Precision, recall and lead time (:func:`detection`): the failure runs and the runs made to
-fail late (a fault injected at a known step, :data:`LATE`) are the positives of their rule,
-the fixed runs its negatives. The lead time is the delay from the failure's onset in the
-toy's own ground truth (the injection step; for entropy collapse, the first step the toy's
-entropy is below half its start) to the first step the rule, run on the log as it grows
-(the trainer's live diagnosis), says warning or failing.
+fail late (a fault injected at a known step, :data:`LATE`: engine noise, NaN log-probs, the
+learning rate x30) are the positives of their rule, the fixed runs its negatives. The lead
+time is the delay from the injection step to the first step the rule, run on the log as it
+grows (the trainer's live diagnosis), says warning or failing.
 """
 
 from __future__ import annotations
@@ -68,6 +67,8 @@ FAULTS = Experiment(
         # faults that appear late, at a known step: the lead time of the rule that should see them
         "engine_noise_late": Arm(FAULTS_BASE, 20.0, faults={"engine_noise": 0.3, "engine_noise_from": 30}),
         "nan_late": Arm(FAULTS_BASE, 20.0, faults={"nan_steps": tuple(range(30, 60, 5))}),
+        # the learning rate x30 from step 30: the policy sharpens at once (entropy collapse, a KL spike)
+        "lr_late": Arm(FAULTS_BASE, 20.0, faults={"lr_boost": 30.0, "lr_boost_from": 30}),
     },
     summaries={},
     contrasts=(),
@@ -90,21 +91,22 @@ CASES = (
     Case("truncation_noise", ("truncation_noise", "punish"), ("truncation_noise", "soft"), horizon=50),
     Case("rollout_mismatch", ("faults", "engine_noise"), ("faults", "clean")),
     Case("gradients", ("faults", "nan_steps"), ("faults", "clean")),
+    Case(
+        "kl_blowup",
+        ("faults", "lr_late"),
+        ("faults", "clean"),
+        note="the learning rate x30 from step 30 (an injected fault; no experiment arm blows up its KL)",
+    ),
 )
 
 
-LATE = {"rollout_mismatch": (("faults", "engine_noise_late"), 30), "gradients": (("faults", "nan_late"), 30)}
-"""rule -> ((experiment, arm) whose runs fail from a known step, that step)."""
-
-
-def _entropy_onset(log: list[dict[str, float]]) -> int | None:
-    """The toy's own ground truth of an entropy collapse: the first step its entropy is below
-    half its value at the first step (None if it never is)."""
-    ent = [(r["step"], r["actor/entropy"]) for r in log if "actor/entropy" in r]
-    if not ent:
-        return None
-    start = ent[0][1]
-    return next((int(s) for s, e in ent if e < 0.5 * start), None)
+LATE = (
+    ("rollout_mismatch", ("faults", "engine_noise_late"), 30),
+    ("gradients", ("faults", "nan_late"), 30),
+    ("entropy_collapse", ("faults", "lr_late"), 30),
+    ("kl_blowup", ("faults", "lr_late"), 30),
+)
+"""(rule, (experiment, arm) whose runs fail from a known step, that step): the lead times."""
 
 
 def _first_alarm(log: list[dict[str, float]], rule: str, after: int) -> int | None:
@@ -124,18 +126,20 @@ def _first_alarm(log: list[dict[str, float]], rule: str, after: int) -> int | No
 def detection(rows: list[dict], late: dict[str, list[dict]]) -> dict[str, dict]:
     """Per rule: precision and recall of its final verdict (warning or failing = an alarm) on
     its failure runs and late-fault runs (positives) and its fixed runs (negatives), and the
-    lead time from the failure's onset to the first alarm on the growing log."""
+    lead time from the injected fault's step to the first alarm on the growing log."""
     out: dict[str, dict] = {}
     for case in [*CASES, Case("length_growth", ("", ""), ("", ""))]:
         rule = case.rule
-        mine = [r for r in rows if r["case"] == rule] + [r for r in late.get(rule, []) if "statuses" in r]
+        mine = [r for r in rows if r["case"] == rule]
+        runs = {r["run"] for r in mine}
+        mine += [r for r in late.get(rule, []) if r["run"] not in runs]  # a late arm may be the case's own
         alarm = [SEVERITY[r["statuses"][rule]] >= 1 for r in mine]
         positive = [r["role"] in ("failing", "late") for r in mine]
         tp = sum(a and p for a, p in zip(alarm, positive))
         fp = sum(a and not p for a, p in zip(alarm, positive))
         fn = sum(p and not a for a, p in zip(alarm, positive))
-        leads = [r["lead"] for r in mine if r.get("lead") is not None]
-        missed = sum(1 for r in mine if "onset" in r and r.get("lead") is None)
+        timed = late.get(rule, [])
+        leads = [r["lead"] for r in timed if r["lead"] is not None]
         out[rule] = {
             "positives": sum(positive),
             "negatives": len(mine) - sum(positive),
@@ -145,7 +149,7 @@ def detection(rows: list[dict], late: dict[str, list[dict]]) -> dict[str, dict]:
             "lead_min": min(leads) if leads else None,
             "lead_max": max(leads) if leads else None,
             "lead_runs": len(leads),
-            "lead_missed": missed,
+            "lead_missed": len(timed) - len(leads),
         }
     return out
 
@@ -214,7 +218,7 @@ def run_suite(
                     }
                 )
     late: dict[str, list[dict]] = {}
-    for rule, ((exp, arm), onset) in LATE.items():
+    for rule, (exp, arm), onset in LATE:
         for seed, log in results[exp].logs[arm].items():
             if seed not in block:
                 continue
@@ -230,14 +234,6 @@ def run_suite(
                     "lead": None if first is None else first - onset,
                 }
             )
-    for r in rows:  # the toy's own onset of an entropy collapse, and when the rule first said so
-        if r["case"] == "entropy_collapse" and r["role"] == "failing":
-            exp, arm, seed = r["run"].split("/")
-            log = results[exp].logs[arm][int(seed.split("=")[1])]
-            onset = _entropy_onset(log)
-            if onset is not None:
-                first = _first_alarm(log, "entropy_collapse", onset)
-                r["onset"], r["lead"] = onset, None if first is None else first - onset
     bad, good = synthetic_length_growth()
     for role, log in (("failing", bad), ("fixed", good)):
         findings = {f.rule: f for f in diagnose(log)}
@@ -300,10 +296,9 @@ def write_report(suite: dict, out: Path, command: str, wall: float) -> Path:
         "",
         "Precision and recall of each rule's final verdict (warning or failing counts as an alarm) on the runs that "
         "exhibit its failure, the runs made to fail late (a fault injected at step 30) and the runs with DAPO's knob "
-        "on (negatives); lead time: steps from the failure's onset in the toy's ground truth (the injection step; "
-        "for entropy collapse the first step the toy's entropy is below half its start) to the first alarm of the "
-        "rule judging the log as it grows (the trainer's live diagnosis). Entropy collapse: Clip-Higher slows the "
-        "toy's collapse without stopping it, so its 'negatives' collapse too and its precision is a floor.",
+        "on (negatives); lead time: steps from the injection step to the first alarm of the rule judging the log "
+        "as it grows (the trainer's live diagnosis). Entropy collapse: Clip-Higher slows the toy's collapse without "
+        "stopping it, so its 'negatives' collapse too and its precision is a floor.",
         "",
         "| rule | positives / negatives | precision | recall | lead time, steps: median [min, max] (runs; missed) |",
         "|---|---|---|---|---|",

@@ -42,6 +42,11 @@ class RunSpec:
     engine_noise_from: int = 0
     """The step the engine noise starts at (a fault that appears late); before it the engine
     reports log-probs exact to 1e-7."""
+    lr_boost: float = 1.0
+    """Fault injection for health checks: the learning rate is multiplied by this from step
+    ``lr_boost_from`` on (a run made to collapse late, at a known step); 1 changes nothing."""
+    lr_boost_from: int = 0
+    """The step the learning-rate fault starts at."""
     nan_steps: tuple[int, ...] = ()
     """Fault injection for health checks: steps whose new log-probs are NaN (a numerical
     fault the update must skip)."""
@@ -174,6 +179,9 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
                 }
             )
         m.update(sampler.metrics())
+        if spec.lr_boost != 1.0 and step == spec.lr_boost_from:
+            for group in optimizer.param_groups:
+                group["lr"] = spec.lr * spec.lr_boost
         m.update(update(batch, logp_fn, optimizer, cfg, loss_fn=loss_fn))
         totals["responses"] += m["sampling/generated_groups"] * cfg.group_size
         totals["tokens"] += m["sampling/generated_tokens"]
