@@ -12,6 +12,7 @@ and the reader says so."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import struct
 import zlib
@@ -93,13 +94,13 @@ def records(path: Path) -> tuple[list[bytes], str | None]:
 
 
 def _record_type() -> Any:
-    try:
-        from wandb.proto.wandb_internal_pb2 import Record  # type: ignore[attr-defined]
+    try:  # by name: the generated module has no type stubs, with or without wandb installed
+        records_pb2 = importlib.import_module("wandb.proto.wandb_internal_pb2")
     except ImportError:
         raise RunLogError(
             "reading W&B run files (.wandb) needs the wandb package: pip install 'dapo-repro[health]'"
         ) from None
-    return Record
+    return records_pb2.Record
 
 
 def _read(path: Path) -> tuple[Rows, list[str]]:
