@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .config import HealthConfig
-from .readers import DIR_FILES
+from .readers import DIR_FILES, WANDB_CONSOLE
 from .references import ReferenceCurve
 from .series import Run, mean, series
 from .verdict import Finding, run_notes, verdict
@@ -42,7 +42,7 @@ def run_name(source: str | Path) -> str:
     """A run's name for titles and file names: its directory for a run directory's own log
     (``runs/qwen-32b/metrics.jsonl`` -> ``qwen-32b``), else the file's name without suffix."""
     path = Path(source)
-    for name in DIR_FILES:
+    for name in (*DIR_FILES, WANDB_CONSOLE):
         if path.as_posix().endswith("/" + name):
             return Path(path.as_posix()[: -len(name) - 1]).name or path.stem
     return path.name if path.is_dir() else path.stem

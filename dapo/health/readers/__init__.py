@@ -52,9 +52,10 @@ READERS: dict[str, Reader] = {
 """The formats; a structured one claims a file first, then text logs go to the reader with the
 most rows (ties in this order)."""
 FORMATS = ("auto", *READERS)
-DIR_FILES = ("metrics.jsonl", "trainer_state.json", "files/output.log")
-"""A run directory's log: this project's, transformers', a W&B run's captured console (when
-the directory has no ``.wandb`` file)."""
+DIR_FILES = ("metrics.jsonl", "trainer_state.json")
+"""A run directory's own log: this project's, transformers'."""
+WANDB_CONSOLE = "files/output.log"
+"""A W&B run directory's captured console, read when the directory has no ``.wandb`` file."""
 
 Runs = dict[str, list[dict[str, float]]]
 STRICT = ("jsonl", "wandb-json", "wandb-csv", "trl-state")
@@ -69,16 +70,17 @@ def resolve(path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         for name in DIR_FILES:
-            if (path / name).is_file() and name != "files/output.log":
+            if (path / name).is_file():
                 return path / name
         if wandb_offline.run_files(path):
             return path
-        if (path / "files/output.log").is_file():
-            return path / "files/output.log"
+        if (path / WANDB_CONSOLE).is_file():
+            return path / WANDB_CONSOLE
         if tensorboard.event_files(path):
             return path
         raise RunLogError(
-            f"{path}: no {', '.join(DIR_FILES)}, W&B run-*.wandb or TensorBoard event files in this directory"
+            f"{path}: no {', '.join(DIR_FILES)}, W&B run-*.wandb, {WANDB_CONSOLE} or TensorBoard event files "
+            "in this directory"
         )
     if not path.exists():
         raise RunLogError(f"{path}: no such file or directory")
@@ -154,8 +156,10 @@ def read_runs(path: str | Path, fmt: str = "auto") -> tuple[Runs, list[str], str
 
 __all__ = [
     "CERTAIN",
+    "DIR_FILES",
     "FORMATS",
     "READERS",
+    "WANDB_CONSOLE",
     "Reader",
     "RunLogError",
     "Runs",
