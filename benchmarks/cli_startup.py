@@ -39,6 +39,26 @@ def _commands() -> list[list[str]]:
     ]
 
 
+def write_result(out: Path, what: str, repeats: int, script: str, rows: list[dict]) -> None:
+    """The JSON every timing benchmark here writes: what was timed against the 1 s goal, on which
+    machine and at which load, by which command, and its rows."""
+    doc = {
+        "what": what,
+        "goal_s": GOAL_S,
+        "repeats": repeats,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+        "load_average_1m": os.getloadavg()[0],
+        "command_line": f"python benchmarks/{script}.py",
+        "rows": rows,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def _wall(argv: list[str], repeats: int) -> list[float]:
     times = []
     for _ in range(repeats):
@@ -91,21 +111,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['command']:<{width}}  {r['median_s']:6.3f} s  x{r['ratio_to_torch_import']:.2f} torch  {flag}"
         )
-    result = {
-        "what": "median wall seconds of each command from a fresh interpreter",
-        "goal_s": GOAL_S,
-        "repeats": args.repeats,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
-        "load_average_1m": os.getloadavg()[0],
-        "command_line": "python benchmarks/cli_startup.py",
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(
+        args.out,
+        "median wall seconds of each command from a fresh interpreter",
+        args.repeats,
+        "cli_startup",
+        rows,
+    )
     print(f"-> {args.out}")
     return 0 if all(r["meets_goal"] is not False for r in rows) else 1
 

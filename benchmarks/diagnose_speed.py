@@ -15,9 +15,7 @@ when a log misses the goal.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -26,9 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from cli_startup import GOAL_S, write_result  # the same goal and result file as the startup benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 CAL = ROOT / "tests" / "data" / "health" / "calibration"
-GOAL_S = 1.0
 SIZE = 1_000_000
 
 
@@ -114,21 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(
                 ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], capture_output=True
             )
-    doc = {
-        "what": "median wall seconds of `python -S -m dapo.cli diagnose LOG` from a fresh interpreter",
-        "goal_s": GOAL_S,
-        "repeats": args.repeats,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
-        "load_average_1m": os.getloadavg()[0],
-        "command_line": "python benchmarks/diagnose_speed.py",
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    what = "median wall seconds of `python -S -m dapo.cli diagnose LOG` from a fresh interpreter"
+    write_result(args.out, what, args.repeats, "diagnose_speed", rows)
     for r in rows:
         b = r[f"baseline {args.baseline}"]
         print(

@@ -118,9 +118,15 @@ def progress(run: Run, c: HealthConfig, since: float) -> tuple[str, str]:
     if top is not None and top >= c.saturated_frac:
         return "saturated", ev + f", at {top:.0%} of its range"
     val = series(run, "eval/score").after(since)
-    if len(val) >= 3 and val.values[-1] >= max(val.values) - max(0.01, c.val_drop * abs(max(val.values))):
+    if len(val) >= 3 and val.values[-1] >= max(val.values) - val_margin(max(val.values), c):
         return "saturated", ev + f"; validation score {val.values[-1]:.3g}, at its best"
     return "stalled", ev + ", no longer rising"
+
+
+def val_margin(best: float, c: HealthConfig) -> float:
+    """How far below its best a validation score may be and still count as at its best:
+    ``val_drop`` of the best, and 0.01 at least."""
+    return max(0.01, c.val_drop * abs(best))
 
 
 def effect(s: Series, c: HealthConfig) -> float:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..config import HealthConfig
 from ..series import Run, series
-from .base import TOO_FEW_STEPS, Judgement, Knobs, Rule, not_logged, unknown
+from .base import TOO_FEW_STEPS, Judgement, Knobs, Rule, not_logged, unknown, val_margin
 
 
 def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
@@ -18,7 +18,7 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
         return unknown(TOO_FEW_STEPS, f"eval/score: {len(s)} evaluation(s); needs 3")
     best_i = max(range(len(s)), key=lambda i: s.values[i])
     best, first, last = s.values[best_i], s.values[0], s.values[-1]
-    margin = max(0.01, c.val_drop * abs(best))
+    margin = val_margin(best, c)
     ev = (
         f"validation score {first:.3g} at step {s.steps[0]:g}, best {best:.3g} at step {s.steps[best_i]:g}, "
         f"last {last:.3g} ({len(s)} evaluations)"
