@@ -19,7 +19,8 @@ _EXPORTS = {
     "advantages": ("config_advantages", "group_advantages"),
     "batch": ("BatchError", "RolloutBatch"),
     "config": ("GRPO", "LADDER", "PRESETS", "SWITCHES", "AlgoConfig", "ConfigError", "with_switches"),
-    "loss": ("aggregate", "policy_loss", "tis_weights", "window_denominator"),
+    "loss": ("aggregate", "policy_loss", "window_denominator"),
+    "offpolicy": ("CORRECTIONS", "is_weights", "rejection_mask"),
     "schema": ("SCHEMA",),
     "metrics": ("masked_mean", "rollout_metrics", "rollout_stats"),
     "rewards": ("config_reward", "outcome_reward", "score_integer_answer", "soft_overlong_penalty"),
@@ -29,6 +30,7 @@ _EXPORTS = {
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
+    "CORRECTIONS",
     "GRPO",
     "LADDER",
     "PRESETS",
@@ -47,14 +49,15 @@ __all__ = [
     "config_advantages",
     "config_reward",
     "group_advantages",
+    "is_weights",
     "masked_mean",
     "outcome_reward",
     "policy_loss",
+    "rejection_mask",
     "rollout_metrics",
     "rollout_stats",
     "score_integer_answer",
     "soft_overlong_penalty",
-    "tis_weights",
     "uniform_groups",
     "update",
     "window_denominator",
@@ -94,8 +97,9 @@ if TYPE_CHECKING:  # what type checkers and editors see: the eager imports
     from .advantages import config_advantages, group_advantages
     from .batch import BatchError, RolloutBatch
     from .config import GRPO, LADDER, PRESETS, SWITCHES, AlgoConfig, ConfigError, with_switches
-    from .loss import aggregate, policy_loss, tis_weights, window_denominator
+    from .loss import aggregate, policy_loss, window_denominator
     from .metrics import masked_mean, rollout_metrics, rollout_stats
+    from .offpolicy import CORRECTIONS, is_weights, rejection_mask
     from .rewards import config_reward, outcome_reward, score_integer_answer, soft_overlong_penalty
     from .sampling import DynamicSampler, SamplingWarning, uniform_groups
     from .schema import SCHEMA

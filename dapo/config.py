@@ -118,10 +118,33 @@ class AlgoConfig:
     """Global gradient-norm clip per optimizer step; ``None`` measures but never clips."""
 
     # --- Rollout/trainer mismatch correction ------------------------------------------------
+    # Equations and peers' presets: dapo.offpolicy. They act only on batches that carry the
+    # engine's log-probs (RolloutBatch.rollout_logp); without them nothing changes.
     tis_cap: float | None = None
-    """Truncated importance sampling against the rollout engine's log-probs: each token's
-    loss is weighted by ``min(exp(old_logp - rollout_logp), tis_cap)`` (detached).
-    ``None`` disables it; verl and TRL use 2.0. Must be >= 1 when set."""
+    """Importance sampling against the engine's (behaviour) log-probs: each token's loss is
+    weighted by ``rho = exp(old_logp - rollout_logp)`` (detached), truncated at
+    ``tis_cap`` (TIS) or, with ``is_lower``, zeroed outside ``[is_lower, tis_cap]``.
+    ``None`` disables weighting; verl and TRL use 2.0. Must be >= 1 when set."""
+    is_level: str = "token"
+    """``token`` (one weight per token) or ``sequence`` (the product of the response's
+    token ratios, for every token of it: unbiased, high variance)."""
+    is_lower: float | None = None
+    """``None`` truncates weights at ``tis_cap``; a number in ``[0, 1]`` masks instead: a
+    weight outside ``[is_lower, tis_cap]`` becomes 0 (IcePop 0.5 with cap 5, MIS with
+    ``is_level=sequence``; 0 is AReaL's ``behav_imp_weight_cap``). Needs ``tis_cap``."""
+    rejection: str | None = None
+    """Rejection of tokens or responses whose divergence from the engine leaves a bound:
+    comma-separated verl ``rollout_rs`` options (``token_k1``, ``seq_mean_k1`` the
+    geometric-mean test, ``seq_mean_k3``, ... see :data:`REJECTION_OPTIONS`). Rejected
+    tokens leave the loss mask and its normaliser. ``None``: no rejection."""
+    rejection_threshold: str | float | None = None
+    """verl's ``rollout_rs_threshold``: one entry per option, comma separated (one entry is
+    shared): ``lower_upper`` ratio bounds for ``*_k1`` (a single number ``u`` means
+    ``1/u`` to ``u``), an upper bound for k2/k3. Required with ``rejection``."""
+    behaviour_clip: bool = False
+    """verl's bypass mode: the PPO ratio is taken against the engine's log-probs
+    (``old_logp := rollout_logp``), so the clip is the only correction. Excludes
+    ``tis_cap`` and ``rejection``."""
 
     @property
     def max_len(self) -> int:
@@ -188,6 +211,24 @@ class AlgoConfig:
             need(real("max_grad_norm") > 0.0, "max_grad_norm", "must be > 0 or None")
         if self.tis_cap is not None:
             need(real("tis_cap") >= 1.0, "tis_cap", "must be >= 1 or None")
+        need(self.is_level in ("token", "sequence"), "is_level", "must be 'token' or 'sequence'")
+        if self.is_lower is not None:
+            need(0.0 <= real("is_lower") <= 1.0, "is_lower", "must lie in [0, 1] or be None")
+            need(self.tis_cap is not None, "is_lower", "needs tis_cap (the band's upper bound)")
+        if self.rejection is not None:
+            need(isinstance(self.rejection, str), "rejection", "must be a string of rollout_rs options")
+            need(self.rejection_threshold is not None, "rejection_threshold", "is required with rejection")
+            try:
+                parse_rejection(self.rejection, self.rejection_threshold or "")
+            except ValueError as e:
+                raise ConfigError("rejection", str(e)) from None
+        flag("behaviour_clip")
+        if self.behaviour_clip:
+            need(
+                self.tis_cap is None and self.rejection is None,
+                "behaviour_clip",
+                "takes no tis_cap or rejection (the ratio against the engine is the correction)",
+            )
 
     def replace(self, **changes: Any) -> AlgoConfig:
         """A copy with ``changes`` applied (and validated)."""
@@ -195,6 +236,56 @@ class AlgoConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+REJECTION_OPTIONS = tuple(
+    f"{level}_{k}"
+    for level in ("token", "seq_sum", "seq_mean", "seq_max")
+    for k in ("k1", "k2", "k3")
+    if not (level == "seq_max" and k == "k1")
+)
+"""The rejection options of verl's ``rollout_rs`` (``dapo.offpolicy.rejection_mask``)."""
+
+
+def parse_rejection(options: str, thresholds: str | float) -> list[tuple[str, float | None, float]]:
+    """``(option, lower bound of k1 or None, upper bound)`` per option of ``options``; k1
+    bounds are logs of the ratio band, as verl compares them. Raises ValueError naming
+    the option."""
+    names = list(dict.fromkeys(o.strip() for o in str(options).split(",") if o.strip()))
+    if not names:
+        raise ValueError("no rejection option given")
+    for name in names:
+        if name not in REJECTION_OPTIONS:
+            raise ValueError(f"unknown rejection option {name!r}; known: {', '.join(REJECTION_OPTIONS)}")
+    specs = [t.strip() for t in str(thresholds).split(",") if t.strip()]
+    if len(specs) not in (1, len(names)):
+        raise ValueError(f"{len(specs)} thresholds for {len(names)} options (give one, or one per option)")
+    specs = specs * len(names) if len(specs) == 1 else specs
+    out: list[tuple[str, float | None, float]] = []
+    for name, spec in zip(names, specs):
+        try:
+            if name.endswith("k1"):
+                lo_s, _, hi_s = spec.partition("_")
+                hi = float(hi_s) if hi_s else float(lo_s)
+                lo = float(lo_s) if hi_s else 1.0 / hi
+                if not (0 < lo <= hi and math.isfinite(hi)):
+                    raise ValueError
+                out.append((name, math.log(lo), math.log(hi)))
+            else:
+                if "_" in spec:
+                    raise ValueError
+                hi = float(spec)
+                if not (hi > 0 and math.isfinite(hi)):
+                    raise ValueError
+                out.append((name, None, hi))
+        except ValueError:
+            want = (
+                "a ratio band 'lower_upper' (0 < lower <= upper)"
+                if name.endswith("k1")
+                else "a positive upper bound"
+            )
+            raise ValueError(f"threshold {spec!r} of {name}: expected {want}") from None
+    return out
 
 
 def from_dict(values: Mapping[str, Any], *, source: str = "AlgoConfig") -> AlgoConfig:

@@ -1,4 +1,5 @@
-"""The clipped surrogate of DAPO (Eq. 8/10), its aggregation modes, and TIS weights.
+"""The clipped surrogate of DAPO (Eq. 8/10) and its aggregation modes (off-policy weights:
+:mod:`dapo.offpolicy`).
 
 Everything here is a pure function of tensors. The loss is returned as a quantity to
 *minimise* (the negative of the paper's objective J).
@@ -86,17 +87,6 @@ def aggregate(
     positive = denominator > 0
     safe = torch.where(positive, denominator, torch.ones_like(denominator)).to(loss_mat.dtype)
     return torch.where(positive, numerator / safe, numerator * 0.0)
-
-
-def tis_weights(old_logp: Tensor, rollout_logp: Tensor, cap: float) -> Tensor:
-    """Truncated importance-sampling weights for rollout/trainer mismatch, per token:
-    ``min(exp(old_logp - rollout_logp), cap)``, detached (verl/TRL's token-level TIS).
-    The engine sampled from pi_rollout while the objective assumes pi_old; the weight
-    corrects the gap and the cap bounds its variance."""
-    if cap < 1.0:
-        raise ValueError(f"tis cap must be >= 1, got {cap}")
-    log_w = (old_logp - rollout_logp).detach().clamp(max=math.log(cap))
-    return torch.exp(log_w)
 
 
 def check_shapes(logp: Tensor, old_logp: Tensor, mask: Tensor) -> None:

@@ -54,8 +54,16 @@ SCHEMA: dict[str, str] = {
     # rollout/trainer mismatch
     "mismatch/logp_gap": "mean |old_logp - rollout_logp| over response tokens (engine vs trainer)",
     "mismatch/logp_gap_max": "largest |old_logp - rollout_logp| over response tokens",
-    "mismatch/tis_weight_mean": "mean truncated importance weight",
-    "mismatch/tis_capped_frac": "fraction of tokens whose importance weight hit the cap",
+    "mismatch/tis_weight_mean": "mean importance weight over response tokens (dapo.offpolicy)",
+    "mismatch/tis_capped_frac": "fraction of tokens whose weight hit the cap (TIS) or was zeroed outside the band",
+    "mismatch/kl": "mean log mu - log pi_old over response tokens: KL(engine || trainer), k1 (verl `kl`)",
+    "mismatch/k3_kl": "mean rho - 1 - log rho over response tokens, rho = pi_old / mu (verl `k3_kl`)",
+    "mismatch/chi2_token": "mean rho^2 - 1 over response tokens (verl `chi2_token`)",
+    "mismatch/chi2_seq": "mean (prod_t rho_t)^2 - 1 over responses (verl `chi2_seq`)",
+    "mismatch/ppl_ratio": "mean over responses of the trainer's perplexity over the engine's (verl `ppl_ratio`)",
+    "mismatch/log_ppl_abs_diff": "mean over responses of |log ppl trainer - log ppl engine| (verl `log_ppl_abs_diff`)",
+    "mismatch/rejected_frac": "fraction of response tokens removed by rejection (algo.rejection)",
+    "mismatch/rejected_seq_frac": "fraction of responses with a token removed by rejection",
     # read from peers' logs by dapo diagnose (this project does not produce them)
     "actor/ref_kl": "KL to the reference policy (TRL `kl`, verl `actor/kl_loss`; DAPO drops it)",
     "eval/score": "validation score, higher is better (verl `val-core/*/mean@N`, TRL `eval_reward`; this project: eval/avg@k)",

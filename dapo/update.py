@@ -4,7 +4,9 @@ For each epoch and each optimizer-step window of ``cfg.mini_batch_groups`` group
 
 1. advantages (Eq. 9) for the whole batch (filtered responses enter the group statistics
    as ``cfg.filtered_group_stats`` says), loss mask minus truncated responses when
-   ``overlong_filter``, TIS weights against the engine when ``tis_cap``;
+   ``overlong_filter``; against the engine's log-probs (``rollout_logp``), when the batch
+   has them, the off-policy correction of ``cfg`` (:mod:`dapo.offpolicy`: weights,
+   rejection, or the ratio taken against the engine) and the mismatch metrics;
 2. the window's normaliser (:func:`dapo.loss.window_denominator`, summed over ranks);
 3. per micro-batch (``micro_batch_size`` rows, or the split ``micro_batches`` returns,
    e.g. bins of a token budget): new log-probs from ``logp_fn``,
@@ -19,6 +21,7 @@ For each epoch and each optimizer-step window of ``cfg.mini_batch_groups`` group
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,7 +32,8 @@ from torch import Tensor
 from .advantages import config_advantages
 from .batch import RolloutBatch
 from .config import AlgoConfig
-from .loss import policy_loss, tis_weights, window_denominator
+from .loss import policy_loss, window_denominator
+from .offpolicy import correct, finish, require_weights
 
 
 @dataclass
@@ -99,7 +103,7 @@ def update(
     ``torch.nn.utils.clip_grad_norm_`` over the optimizer's parameters (pass the FSDP
     one). ``generator`` shuffles groups between windows each epoch; None keeps batch
     order. ``loss_fn`` is the policy loss (any :class:`dapo.losses.PolicyLossFn`; it gets
-    ``is_weights`` only when ``cfg.tis_cap`` is set). Returns the ``actor/*`` and
+    ``is_weights`` only when ``cfg.tis_cap`` is set, see :mod:`dapo.offpolicy`). Returns the ``actor/*`` and
     ``mismatch/*`` metrics of ``dapo.schema.SCHEMA``.
     """
     out: dict[str, float] = {"actor/optimizer_steps": 0.0, "actor/skipped_steps": 0.0}
@@ -126,13 +130,13 @@ def update(
     n_tokens = float(batch.mask.sum())
     means["actor/mean_prob"] = (float(torch.exp(batch.old_logp.double())[batch.mask].sum()), n_tokens)
     if batch.rollout_logp is not None:
-        gap = (batch.old_logp - batch.rollout_logp).double().abs()[batch.mask]
-        means["mismatch/logp_gap"] = (float(gap.sum()), n_tokens)
         if cfg.tis_cap is not None:
-            weights = tis_weights(batch.old_logp, batch.rollout_logp, cfg.tis_cap)
-            w = weights[batch.mask].double()
-            means["mismatch/tis_weight_mean"] = (float(w.sum()), n_tokens)
-            means["mismatch/tis_capped_frac"] = (float((w >= cfg.tis_cap * (1 - 1e-6)).sum()), n_tokens)
+            require_weights(loss_fn)
+        corr = correct(batch.old_logp, batch.rollout_logp, batch.mask, loss_mask, cfg)
+        loss_mask, weights = corr.mask, corr.weights
+        means.update({k: (float(s), float(c)) for k, (s, c) in corr.sums.items()})
+        if cfg.behaviour_clip:  # verl's bypass mode: the ratio against the engine's log-probs
+            batch = dataclasses.replace(batch, old_logp=batch.rollout_logp)
 
     # optimizer steps per epoch: the whole (all-rank) batch cut into windows of
     # mini_batch_groups groups; each rank cuts its own responses into that many pieces
@@ -297,7 +301,7 @@ class _Sums:
         res["actor/optimizer_steps"] = float(self.steps)
         res["actor/skipped_steps"] = float(self.skipped)
         res["actor/empty_windows"] = float(self.empty_windows)
-        res.update({k: g[f"{k}/sum"] / g[f"{k}/count"] if g[f"{k}/count"] else nan for k in means})
+        res.update({k: finish(k, g[f"{k}/sum"], g[f"{k}/count"]) for k in means})
         res.update({k: g[k] for k in totals})
         return res
 

@@ -7,7 +7,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from dapo.config import AGG_MODES
-from dapo.loss import aggregate, policy_loss, tis_weights, window_denominator
+from dapo.loss import aggregate, policy_loss, window_denominator
 
 KW = dict(eps_low=0.2, eps_high=0.28)
 
@@ -216,18 +216,6 @@ def test_seq_mean_with_an_empty_row_known_value():
     assert float(aggregate(per_tok, mask, "token-mean")) == pytest.approx(7.0 / 3)
 
 
-@given(st.integers(0, 1000), st.floats(1.0, 5.0))
-def test_tis_weights_capped_and_detached(seed, cap):
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(3, 4, generator=g, dtype=torch.float64).requires_grad_(True)
-    roll = -torch.rand(3, 4, generator=g, dtype=torch.float64)
-    w = tis_weights(old, roll, cap)
-    assert not w.requires_grad
-    assert torch.all(w <= cap * (1 + 1e-12))
-    raw = torch.exp(old.detach() - roll)
-    assert torch.allclose(w, torch.minimum(raw, torch.tensor(cap, dtype=torch.float64)))
-
-
 def test_empty_mask_gives_zero_connected_loss():
     x = torch.zeros(2, 3, dtype=torch.float64, requires_grad=True)
     loss, _ = policy_loss(
@@ -272,9 +260,12 @@ def test_zero_window_denominator_gives_a_zero_loss():
 
 
 def test_argument_errors_name_the_argument():
-    with pytest.raises(ValueError, match="^tis cap must be >= 1, got 0.5$"):
-        tis_weights(torch.zeros(1, 1), torch.zeros(1, 1), 0.5)
-    assert torch.equal(tis_weights(torch.zeros(1, 1), torch.zeros(1, 1), 1.0), torch.ones(1, 1))
+    from dapo.offpolicy import is_weights
+
+    on = torch.ones(1, 1, dtype=torch.bool)
+    with pytest.raises(ValueError, match="^is_level must be 'token' or 'sequence', got 'tok'$"):
+        is_weights(torch.zeros(1, 1), on, "tok", 2.0)
+    assert torch.equal(is_weights(torch.zeros(1, 1), on, "token", 1.0), torch.ones(1, 1))
     assert (
         float(window_denominator(torch.ones(1, 2, dtype=torch.bool), "seq-mean-token-sum-norm", 0.5)) == 0.5
     )

@@ -222,9 +222,9 @@ def test_metrics_and_tis():
     assert 0 < m["mismatch/tis_weight_mean"] <= 1.2
     assert m["actor/optimizer_steps"] == 2
     assert m["actor/filtered_responses"] == float(b.truncated.sum())
-    from dapo.loss import tis_weights
+    from dapo.offpolicy import is_weights
 
-    w = tis_weights(b.old_logp, noisy, 1.2)[b.mask]
+    w = is_weights(b.old_logp - noisy, b.mask, "token", 1.2)[b.mask]
     assert m["mismatch/tis_weight_mean"] == pytest.approx(float(w.mean()))
     capped = float((w >= 1.2 * (1 - 1e-6)).double().mean())
     assert 0 < capped < 1 and m["mismatch/tis_capped_frac"] == pytest.approx(capped)
@@ -249,7 +249,7 @@ def test_empty_or_missing_batch():
 
 
 def test_tis_weights_scale_the_gradient_exactly():
-    from dapo.loss import tis_weights
+    from dapo.offpolicy import is_weights
 
     batch = make_batch(PositionPolicy())
     gen = torch.Generator().manual_seed(1)
@@ -265,7 +265,9 @@ def test_tis_weights_scale_the_gradient_exactly():
     pol = PositionPolicy()
     update(batch, pol, torch.optim.SGD(pol.parameters(), lr=1.0), cfg, micro_batch_size=5)
     step = PositionPolicy().logits.detach() - pol.logits.detach()
-    with_w = _one_window_reference(batch, cfg, is_weights=tis_weights(batch.old_logp, roll, 2.0))
+    with_w = _one_window_reference(
+        batch, cfg, is_weights=is_weights(batch.old_logp - roll, batch.mask, "token", 2.0)
+    )
     without = _one_window_reference(batch, cfg)
     assert torch.allclose(step, with_w, atol=1e-12)
     assert not torch.allclose(step, without, atol=1e-3)

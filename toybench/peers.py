@@ -211,6 +211,7 @@ def verl_loss(name: str, params: dict[str, Any] | None = None) -> Any:
         agg: str = "token-mean",
         norm_const: float | None = None,
         agg_denominator: Tensor | float | None = None,
+        is_weights: Tensor | None = None,
         **_: Any,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         cfg = _verl_config(
@@ -233,6 +234,8 @@ def verl_loss(name: str, params: dict[str, Any] | None = None) -> Any:
             response_mask=mask.to(logp.dtype),
             loss_agg_mode=agg,
             config=cfg,
+            # off-policy weights (dapo.offpolicy), as verl's trainer passes them
+            **({} if is_weights is None else {"rollout_is_weights": is_weights.to(logp.dtype)}),
         )
         return value, {}
 

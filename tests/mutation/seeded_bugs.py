@@ -159,15 +159,21 @@ BUGS = [
     ),
     Bug(
         "TIS weights not capped",
-        "dapo/loss.py",
-        "log_w = (old_logp - rollout_logp).detach().clamp(max=math.log(cap))",
-        "log_w = (old_logp - rollout_logp).detach()",
+        "dapo/offpolicy.py",
+        "return raw.clamp(max=upper)",
+        "return raw",
     ),
     Bug(
         "TIS ratio inverted",
-        "dapo/loss.py",
-        "log_w = (old_logp - rollout_logp)",
-        "log_w = (rollout_logp - old_logp)",
+        "dapo/offpolicy.py",
+        "log_ratio = (old_logp - rollout_logp).detach()",
+        "log_ratio = (rollout_logp - old_logp).detach()",
+    ),
+    Bug(
+        "sequence rejection judged on the sum instead of the mean",
+        "dapo/offpolicy.py",
+        "stat = values.sum(-1, keepdim=True) / (n.unsqueeze(-1) + 1e-8)",
+        "stat = values.sum(-1, keepdim=True)",
     ),
     Bug(
         "micro-batch loss not scaled by the world size",
