@@ -293,3 +293,7 @@ def test_a_failing_worker_is_reported_not_hung():
     bad = Job(((("x", "b", 0), RunSpec(task="no_such_task", cfg=cfg, steps=1, lr=1.0)),), batched=True)
     with pytest.raises(RuntimeError, match=r"toy worker failed on job 1:(.|\n)*unknown task 'no_such_task'"):
         execute([good, bad], workers=2, show_progress=False)
+    # the same report when this process, not a spawned worker, ran the failing job (it takes
+    # jobs while workers start, so under load either may run it)
+    with pytest.raises(RuntimeError, match=r"toy worker failed on job 0:(.|\n)*unknown task 'no_such_task'"):
+        execute([bad, good], workers=2, show_progress=False)

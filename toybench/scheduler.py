@@ -166,7 +166,12 @@ def execute(
 
         try:
             while (i := _take(cursor)) < len(jobs):  # this process works too while workers start
-                done[i] = run_job(jobs[i], on_step)
+                try:
+                    done[i] = run_job(jobs[i], on_step)
+                except LossSpecError:
+                    raise
+                except Exception as e:  # reported as a worker's failure is, whichever process ran it
+                    raise RuntimeError(f"toy worker failed on job {i}:\n{traceback.format_exc()}") from e
             while len(done) < len(jobs):
                 drain(block=True)
                 bar.update(counter.value)
