@@ -45,6 +45,7 @@ from dapo import (
     uniform_groups,
 )
 from dapo.loss import window_denominator
+from dapo.offpolicy import correct, finish, require_weights
 
 from .losses import resolve as resolve_loss
 from .policies import (
@@ -90,6 +91,7 @@ class _Round:
     correct: Tensor
     on_track: Tensor
     rewards: Tensor
+    cut: Tensor  # [n] partial rollouts: positions < cut were sampled by the older version
 
 
 def train_many(specs: Sequence[RunSpec], progress: Callable[[int], None] | None = None) -> list[Log]:
@@ -111,6 +113,7 @@ class _Members:
     def __init__(self, cfg: AlgoConfig, members: list[int], n_runs: int, loss: str = "dapo"):
         self.cfg = cfg
         self.loss_fn = resolve_loss(loss).fn
+        self.members = members
         self.index = None if len(members) == n_runs else torch.tensor(members)
 
     def pick(self, x: Tensor) -> Tensor:
@@ -166,6 +169,55 @@ class _Engine:
             if all(c is None for c in clip)
             else torch.tensor([math.inf if c is None else c for c in clip], dtype=torch.float64)
         )
+        # off-policy rollouts: past tables by version (the weights after each step)
+        self.off = [s.off_policy for s in specs]
+        self.any_off = any(self.off)
+        self.partial = torch.tensor([s.partial for s in specs])
+        keep = max((s.staleness + s.partial for s in specs), default=0) + 1
+        self.versions: dict[int, Tensor] = {}
+        self.keep_versions = keep
+        self.behaviour: tuple[Tensor, Tensor] | None = None  # (new, old) engine tables of this step
+
+    # -- off-policy: the engine's weights ---------------------------------------------------
+    def lag(self, r: int) -> int:
+        s = self.specs[r]
+        return s.staleness if self.step >= s.staleness_from else 0
+
+    def engine_tables(self) -> tuple[Tensor, Tensor]:
+        """The tables the engine samples with this step, [R, ...]: version ``step - k`` and,
+        for partial rollouts, version ``step - k - 1`` (clamped at version 0), each in the
+        engine's precision."""
+        table = self.table.detach()
+        self.versions[self.step] = table.clone()
+        for v in [v for v in self.versions if v <= self.step - self.keep_versions]:
+            del self.versions[v]
+        if not self.any_off:
+            return table, table
+
+        def at(r: int, back: int) -> Tensor:
+            return self.versions[max(self.step - back, 0)][r]
+
+        new = torch.stack([at(r, self.lag(r)) for r in range(self.R)])
+        old = torch.stack(
+            [at(r, self.lag(r) + 1) if self.specs[r].partial else new[r] for r in range(self.R)]
+        )
+        for r, spec in enumerate(self.specs):
+            if spec.mismatch is not None:
+                new[r], old[r] = (
+                    engine_precision(new[r], spec.mismatch),
+                    engine_precision(old[r], spec.mismatch),
+                )
+        return new, old
+
+    def behaviour_logp(self, batch: dict[str, Tensor]) -> Tensor:
+        """Each token's log-prob under the engine version that sampled it."""
+        assert self.behaviour is not None
+        new, old = self.behaviour
+        args = (batch["prompts"], batch["tokens"])
+        lp_new, _ = table_logp_entropy(new, *args, run=batch["run"], entropy=False)
+        lp_old, _ = table_logp_entropy(old, *args, run=batch["run"], entropy=False)
+        before = torch.arange(lp_new.shape[-1]) < batch["cut"].unsqueeze(-1)
+        return torch.where(before, lp_old, lp_new)
 
     def logp_entropy(
         self, run: Tensor, prompts: Tensor, tokens: Tensor, entropy: bool = True
@@ -174,7 +226,7 @@ class _Engine:
 
     # -- one generation round for the active runs --------------------------------------------
     @torch.no_grad()
-    def generate(self, active: list[int], cdf: Tensor) -> _Round:
+    def generate(self, active: list[int], cdf: Tensor, cdf_old: Tensor | None = None) -> _Round:
         task, g = self.task, self.G
         b = self.n_groups * g
         t = task.max_len
@@ -189,7 +241,26 @@ class _Engine:
         u = torch.stack(uniforms)
         run = torch.tensor(active).repeat_interleave(b)
         p = torch.stack(prompts).repeat_interleave(g, dim=1).view(-1)
-        tokens = sample_table(cdf, p, u[:, :b].reshape(-1), u[:, b : b * t].reshape(n * b, t - 1), run=run)
+        u_first, u_rest = u[:, :b].reshape(-1), u[:, b : b * t].reshape(n * b, t - 1)
+        tokens = sample_table(cdf, p, u_first, u_rest, run=run)
+        cut = torch.zeros(len(p), dtype=torch.long)
+        partial = [i for i, r in enumerate(active) if self.specs[r].partial]
+        if partial and cdf_old is not None:
+            # the same uniforms through the older version before the cut, the newer after it
+            # (a response's path is its first token, so the two halves join exactly)
+            cut = torch.cat(
+                [
+                    partial_cuts(self.specs[r].seed, self.step, self.rnd, b, t)
+                    if self.specs[r].partial
+                    else torch.zeros(b, dtype=torch.long)
+                    for r in active
+                ]
+            )
+            first = sample_table(cdf_old, p, u_first, u_rest, run=run)
+            later = sample_table(cdf, p, None, u_rest, first=first[:, 0], run=run)
+            before = torch.arange(t).unsqueeze(0) < cut.unsqueeze(1)
+            joined = torch.where(before, first, later)
+            tokens = torch.where((cut > 0).unsqueeze(1), joined, tokens)
         lengths, truncated = episode_end(tokens, t)
         out = verify(task, p, tokens, lengths, truncated, u[:, b * t :].reshape(-1))
         groups = self.groups["reward"]
@@ -200,7 +271,7 @@ class _Engine:
             for grp in groups:
                 rows = torch.isin(run, grp.index) if grp.index is not None else slice(None)
                 rewards[rows] = config_reward(out.correct[rows], lengths[rows], grp.cfg).to(torch.float64)
-        return _Round(run, p, tokens, lengths, truncated, out.correct, out.on_track, rewards)
+        return _Round(run, p, tokens, lengths, truncated, out.correct, out.on_track, rewards, cut)
 
     # -- training -----------------------------------------------------------------------------
     def run(self, progress: Callable[[int], None] | None) -> list[Log]:
@@ -270,14 +341,18 @@ class _Engine:
         seen_run, kept_run, kept_gid = [], [], []
         offset = 0  # groups generated so far this step
         gen_time = {name: torch.zeros(R, dtype=torch.float64) for name in SIM_TAILS}
-        cdf = table_cdf(self.table.detach())
+        new, old = self.engine_tables()
+        self.behaviour = (new, old)
+        cdf = table_cdf(new)
+        cdf_old = table_cdf(old) if bool(self.partial.any()) else None
         while True:
             live = (accepted < target) & (rounds < self.max_rounds)
             if not bool(live.any()):
                 break
             active_t = live.nonzero().view(-1)
             active = active_t.tolist()
-            rd = self.generate(active, cdf)
+            self.rnd = int(rounds[active_t[0]])
+            rd = self.generate(active, cdf, cdf_old)
             parts.append(rd)
             n = len(active_t)
             rnd = rounds[active_t]  # every active run is on the same round: rounds advance together
@@ -385,6 +460,7 @@ class _Engine:
             )
         filtered = batch["truncated"] & self.filt.unsqueeze(1)
         loss_mask = mask & ~filtered.unsqueeze(-1)
+        ratio_logp, weights, off_metrics = self.correct(batch, old_logp, loss_mask)
         # windows: each run's responses in batch order, cut into ceil(groups / mini_batch) pieces
         n_win = torch.clamp((n_rows // G + self.mbg - 1) // self.mbg, min=1)
         win = _split_ids(n_rows, n_win, mask.shape[1])  # [R, B] window of each row (-1: none)
@@ -425,9 +501,10 @@ class _Engine:
                 total = torch.zeros((), dtype=torch.float64)
                 for grp in self.groups["loss"]:
                     c = grp.cfg
+                    weight_kw = {} if weights is None else {"is_weights": grp.pick(weights[:, rows])}
                     li, si = grp.loss_fn(
                         grp.pick(logp),
-                        grp.pick(old_logp[:, rows]),
+                        grp.pick(ratio_logp[:, rows]),
                         grp.pick(adv[:, rows]),
                         grp.pick(slot_mask),
                         eps_low=c.eps_low,
@@ -436,6 +513,7 @@ class _Engine:
                         agg=c.loss_agg,
                         agg_denominator=grp.pick(denom),
                         norm_const=c.norm_const,
+                        **weight_kw,
                     )
                     total = total + torch.where(grp.pick(stepping), li, torch.zeros_like(li)).sum()
                     grp.put(loss, li.detach())
@@ -459,12 +537,56 @@ class _Engine:
         out = []
         for r in range(R):
             if not has_l[r]:  # no informative group at all: dapo.update returns early
-                out.append({"actor/optimizer_steps": 0.0, "actor/skipped_steps": 0.0})
+                out.append({**off_metrics[r], "actor/optimizer_steps": 0.0, "actor/skipped_steps": 0.0})
                 continue
             m = finish[r]
             m["actor/mean_prob"], m["actor/loss_tokens"], m["actor/filtered_responses"] = extra[r]
-            out.append(m)
+            out.append({**off_metrics[r], **m})
         return out
+
+    def correct(
+        self, batch: dict[str, Tensor], old_logp: Tensor, loss_mask: Tensor
+    ) -> tuple[Tensor, Tensor | None, list[dict[str, float]]]:
+        """The off-policy correction of each run's config against the engine's log-probs
+        (:func:`dapo.offpolicy.correct`, run-batched as ``dapo.update`` applies it): the
+        log-probs the ratio is taken against, the weights (None when no run weights) and
+        ``mismatch/*`` + ``toy/staleness`` per off-policy run. ``loss_mask`` loses the
+        rejected tokens in place. On-policy batches pass through untouched."""
+        metrics: list[dict[str, float]] = [{} for _ in range(self.R)]
+        if not self.any_off:
+            return old_logp, None, metrics
+        mask = batch["mask"]
+        roll = torch.where(mask, self.behaviour_logp(batch), torch.zeros_like(old_logp))
+        ratio_logp = old_logp.clone()
+        weighted = [c.tis_cap is not None for c in self.cfgs]
+        weights = torch.ones_like(old_logp) if any(weighted) else None
+        for grp in self.groups["loss"]:
+            if any(weighted[r] for r in grp.members):
+                require_weights(grp.loss_fn)
+        sums: dict[str, list[tuple[float, float]]] = {}
+        for grp in self.groups["correction"]:
+            corr = correct(grp.pick(old_logp), grp.pick(roll), grp.pick(mask), grp.pick(loss_mask), grp.cfg)
+            grp.put(loss_mask, corr.mask)
+            if weights is not None and corr.weights is not None:
+                grp.put(weights, corr.weights.to(weights.dtype))
+            if grp.cfg.behaviour_clip:
+                grp.put(ratio_logp, grp.pick(roll))
+            for name, (total, count) in corr.sums.items():
+                col = sums.setdefault(name, [(0.0, 0.0)] * self.R)
+                for r, t, c in zip(grp.members, total.tolist(), count.tolist()):
+                    col[r] = (t, c)
+        pos = torch.arange(mask.shape[-1])
+        for r in range(self.R):
+            if not self.off[r]:
+                continue
+            k = min(self.lag(r), self.step)
+            k_old = min(self.lag(r) + 1, self.step) if self.specs[r].partial else k
+            lag = torch.where(pos < batch["cut"][r].unsqueeze(-1), float(k_old), float(k))
+            n = mask[r].sum()
+            metrics[r]["toy/staleness"] = float(lag[mask[r]].sum() / n) if n else math.nan
+            for name, col in sums.items():
+                metrics[r][name] = finish(name, *col[r])
+        return ratio_logp, weights, metrics
 
 
 _TOKEN_STATS = ("clipfrac_upper", "clipfrac_lower", "dual_clipfrac", "approx_kl")
@@ -549,6 +671,26 @@ class _Acc:
         return [dict(zip(names, row)) for row in torch.stack(cols, 1).tolist()]
 
 
+PRECISIONS = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+"""The engine precisions ``RunSpec.mismatch`` can simulate."""
+
+
+def engine_precision(table: Tensor, precision: str) -> Tensor:
+    """The logits as an engine in ``precision`` holds them: rounded to that format (round
+    to nearest even; fp8 e4m3 saturates at +-448) and back to float64."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"mismatch must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    return table.to(PRECISIONS[precision]).to(torch.float64)
+
+
+def partial_cuts(seed: int, step: int, rnd: int, n: int, t: int) -> Tensor:
+    """Where a weight update interrupts each of ``n`` responses (positions 0..t; 0: none of
+    it came from the older version), from a stream of its own per (seed, step, round) so
+    that partial rollouts change no other draw of the run."""
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + step) * 1_009 + rnd + 991)
+    return torch.randint(0, t + 1, (n,), generator=gen)
+
+
 def _split_ids(n_rows: Tensor, n_win: Tensor, width: int) -> Tensor:
     """The window of each row under ``torch.tensor_split(arange(n_rows), n_win)``, per run
     ([R, width]; -1 beyond a run's rows)."""
@@ -578,6 +720,7 @@ def _cat_rounds(parts: list[_Round], group_size: int) -> dict[str, Tensor]:
         "correct": cat("correct", torch.zeros(g, dtype=torch.bool)),
         "on_track": cat("on_track", torch.zeros(g, dtype=torch.bool)),
         "rewards": cat("rewards", torch.zeros(g, dtype=torch.float64)),
+        "cut": cat("cut", torch.zeros(g, dtype=torch.long)),
     }
     data["mask"] = torch.arange(t).unsqueeze(0) < data["lengths"].unsqueeze(1)
     return data
@@ -617,6 +760,14 @@ def _config_groups(
             c.cache_len,
         ),
         "loss": lambda c: (c.eps_low, c.eps_high, c.clip_ratio_c, c.loss_agg, c.norm_const),
+        "correction": lambda c: (
+            c.tis_cap,
+            c.is_level,
+            c.is_lower,
+            c.rejection,
+            c.rejection_threshold,
+            c.behaviour_clip,
+        ),
     }
     out: dict[str, list[tuple[AlgoConfig, str, list[int]]]] = {}
     for name, key in keys.items():

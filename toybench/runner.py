@@ -53,6 +53,29 @@ class RunSpec:
     loss: str = "dapo"
     """The policy loss, a spec of :func:`toybench.losses.resolve` (``dapo`` is
     :func:`dapo.loss.policy_loss`; the clip and aggregation knobs still come from ``cfg``)."""
+    staleness: int = 0
+    """Off-policy rollouts: step s generates with the policy version ``max(s - staleness, 0)``
+    (a version is the weights after a training step, as peers count it: verl's
+    ``staleness_threshold``, AReaL's ``max_head_offpolicyness``), and every token keeps the
+    log-prob of the version that sampled it (``rollout_logp``); the trainer recomputes
+    ``old_logp`` with the current weights, and ``cfg``'s correction (``dapo.offpolicy``)
+    applies. 0 is on-policy, bit for bit the same run. Tabular policy only."""
+    staleness_from: int = 0
+    """The step the staleness starts at (a fault that appears late, for the health checks);
+    before it the run is on-policy."""
+    partial: bool = False
+    """Partial rollouts: a weight update interrupts each response at a cut drawn uniformly
+    from positions 0..T (its own stream per seed, step and round): tokens before the cut
+    come from version ``s - staleness - 1``, the rest from ``s - staleness``."""
+    mismatch: str | None = None
+    """Engine precision: the engine's logits are rounded to ``bf16`` or ``fp8`` (e4m3)
+    before its softmax, for sampling and for the log-probs it reports; the trainer computes
+    in float64 (the gap of a bf16 engine against an fp32 trainer). None: exact."""
+
+    @property
+    def off_policy(self) -> bool:
+        """Whether the rollouts come from anything but the trainer's current weights."""
+        return self.staleness > 0 or self.partial or self.mismatch is not None
 
 
 def make_task(spec: RunSpec) -> TokenTask:
@@ -132,6 +155,11 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
     ``toy/*`` and cumulative cost counters)."""
     task = make_task(spec)
     cfg = spec.cfg
+    if spec.off_policy:
+        raise ValueError(
+            "staleness, partial and mismatch run on the batched tabular engine "
+            "(toybench.engine.train_many), without engine noise or a learning-rate fault"
+        )
     if cfg.max_len != task.max_len:
         raise ValueError(
             f"cfg.expected_len + cfg.cache_len = {cfg.max_len} must equal the task's max_len {task.max_len}"
