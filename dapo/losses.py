@@ -235,7 +235,8 @@ def per_run(fn: Callable[..., Any]) -> Callable[..., tuple[Tensor, dict[str, Ten
 
     A loss that returns a bare tensor, or stats without :func:`dapo.loss.ratio_stats`'s
     keys, gets those keys measured on its inputs. ``agg_denominator`` of shape [...] is
-    handed out one value per call."""
+    handed out one value per call, and ``is_weights`` [..., B, T] (off-policy weights) one
+    [B, T] slice per call."""
 
     def lifted(
         logp: Tensor,
@@ -249,11 +250,13 @@ def per_run(fn: Callable[..., Any]) -> Callable[..., tuple[Tensor, dict[str, Ten
         **kw: Any,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         check_shapes(logp, old_logp, mask)
+        weights = kw.pop("is_weights", None)
 
         def one(
-            lp: Tensor, old: Tensor, adv: Tensor, m: Tensor, den: Any
+            lp: Tensor, old: Tensor, adv: Tensor, m: Tensor, den: Any, w: Tensor | None = None
         ) -> tuple[Tensor, dict[str, Tensor]]:
-            out = fn(lp, old, adv, m, eps_low=eps_low, eps_high=eps_high, agg_denominator=den, **kw)
+            extra = {} if w is None else {"is_weights": w}
+            out = fn(lp, old, adv, m, eps_low=eps_low, eps_high=eps_high, agg_denominator=den, **kw, **extra)
             loss, stats = out if isinstance(out, tuple) else (out, {})
             if not isinstance(loss, Tensor) or loss.dim() != 0:
                 raise TypeError(f"a policy loss must return a scalar tensor, got {type(loss).__name__}")
@@ -261,7 +264,7 @@ def per_run(fn: Callable[..., Any]) -> Callable[..., tuple[Tensor, dict[str, Ten
             return loss, {k: stats.get(k, v) if isinstance(stats, dict) else v for k, v in base.items()}
 
         if logp.dim() == 2:
-            return one(logp, old_logp, advantages, mask, agg_denominator)
+            return one(logp, old_logp, advantages, mask, agg_denominator, weights)
         lead = logp.shape[:-2]
         flat = [t.reshape(-1, *t.shape[len(lead) :]) for t in (logp, old_logp, advantages, mask)]
         dens: list[Any]
@@ -269,7 +272,10 @@ def per_run(fn: Callable[..., Any]) -> Callable[..., tuple[Tensor, dict[str, Ten
             dens = list(agg_denominator.reshape(-1))
         else:
             dens = [agg_denominator] * flat[0].shape[0]
-        outs = [one(lp, old, adv, m, d) for lp, old, adv, m, d in zip(*flat, dens)]
+        ws: list[Tensor | None] = (
+            [None] * len(dens) if weights is None else list(weights.reshape(-1, *weights.shape[len(lead) :]))
+        )
+        outs = [one(lp, old, adv, m, d, w) for lp, old, adv, m, d, w in zip(*flat, dens, ws)]
         loss = torch.stack([o[0] for o in outs]).reshape(lead)
         stats = {k: torch.stack([o[1][k] for o in outs]).reshape(lead) for k in outs[0][1]}
         return loss, stats

@@ -102,6 +102,12 @@ def test_cli_table_json_and_exit_status(tmp_path, capsys):
         (["toy", "check", "broken_losses:not_scalar"], "must return a scalar tensor"),
         (["toy", "check", "broken_losses:detached_output"], "no gradient with respect to logp"),
         (["toy", "check", "dapo", "--knobs", "temperature"], "--knobs 'temperature'"),
+        (["toy", "check", "dapo", "--partial"], "--partial needs --staleness K >= 1"),
+        (["toy", "check", "dapo", "--correction", "tis"], "--correction 'tis': choose from none, bypass"),
+        (
+            ["toy", "check", "gspo", "--staleness", "1", "--correction", "token_tis"],
+            "gspo takes no is_weights keyword or ignores it",
+        ),
         # raises only on the experiments' 128-response batches, inside a worker process
         (
             ["toy", "check", "broken_losses:fixed_buffer", "--jobs", "2", "--quiet"],
@@ -227,3 +233,27 @@ def test_effects_beyond_noise_keep_their_direction(low, width, better):
     assert _protection(iv, better, 1e-9) == ("protects" if better == "+" else "harms")
     neg = Interval(-iv.mean, -iv.high, -iv.low, 10)
     assert _protection(neg, better, 1e-9) == ("harms" if better == "+" else "protects")
+
+
+def test_the_staleness_axis_on_built_in_peer_and_user_losses(tmp_path):
+    """``--staleness K --correction NAME``: every arm trains on rollouts K versions old with
+    the correction; the weights reach a built-in, a peer's and a user's loss."""
+    import importlib.util
+
+    specs = ["dapo", "broken_losses:per_sequence"]
+    if importlib.util.find_spec("verl"):
+        specs.append("verl:vanilla")
+    out = tmp_path / "check.json"
+    args = ["toy", "check", *specs, "--modes", "entropy_collapse", "--seeds", "3", "--no-confirm"]
+    args += ["--jobs", "1", "--quiet", "--staleness", "2", "--correction", "token_tis", "--json", str(out)]
+    args += ["--set", "eps_high=0.28"]  # every candidate at DAPO's clip
+    dapo_main(args)
+    data = json.loads(out.read_text())
+    assert (data["staleness"], data["partial"], data["correction"]) == (2, False, "token_tis")
+    by = {r["loss"]: r["modes"]["entropy_collapse"] for r in data["results"]}
+    assert by["dapo"]["protection"] == "protects" and by["dapo"]["learns"]
+    assert set(by) == set(specs)
+    if "verl:vanilla" in by:  # verl's vanilla loss is DAPO's at the same knobs, weights included
+        assert by["verl:vanilla"]["values"]["candidate"] == pytest.approx(
+            by["dapo"]["values"]["candidate"], rel=1e-6
+        )

@@ -39,16 +39,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .experiment import Contrast, Experiment, ExperimentResult, Log, Summary, final, run_experiments
+from dapo.offpolicy import correction_fields
+
+from .experiment import Arm, Contrast, Experiment, ExperimentResult, Log, Summary, final, run_experiments
 from .losses import (
     FAILURE_MODES,
     KNOBS,
     Loss,
+    LossSpecError,
     knob_values,
     probe_contract,
     probe_knobs,
     probe_line,
     resolve,
+    uses_weights,
 )
 from .stats import Interval
 
@@ -340,21 +344,46 @@ def _accuracy_gain(log: Log) -> float:
     return final(LEARNING_METRIC)(log) - log[0][LEARNING_METRIC]
 
 
+@dataclass(frozen=True)
+class OffPolicy:
+    """``dapo toy check --staleness K [--partial] [--correction NAME]``: every arm (the
+    unprotected one, DAPO's fix and each candidate) trains on rollouts ``staleness``
+    versions old (:attr:`toybench.runner.RunSpec.staleness`) with the named correction of
+    :data:`dapo.offpolicy.CORRECTIONS`, so each verdict is the one at that staleness."""
+
+    staleness: int = 0
+    partial: bool = False
+    correction: str = "none"
+
+    @property
+    def active(self) -> bool:
+        return self.staleness > 0 or self.partial or self.correction != "none"
+
+    def arm(self, arm: Arm) -> Arm:
+        if not self.active:
+            return arm
+        faults = {**arm.faults, "staleness": self.staleness, "partial": self.partial}
+        return replace(arm, cfg=arm.cfg.replace(**correction_fields(self.correction)), faults=faults)
+
+
 LEARNED = "learned"
 """The learning gate's summary, added to every derived experiment."""
 
 
-def derived_experiment(mode: FailureMode, losses: Sequence[Loss], overrides: dict[str, Any]) -> Experiment:
+def derived_experiment(
+    mode: FailureMode, losses: Sequence[Loss], overrides: dict[str, Any], off_policy: OffPolicy = OffPolicy()
+) -> Experiment:
     """The mode's experiment cut to its unprotected and fix arms plus one candidate per loss,
-    with the learning gate (candidate's accuracy gain against no update) as contrasts."""
+    with the learning gate (candidate's accuracy gain against no update) as contrasts;
+    every arm off-policy as ``off_policy`` says."""
     from .experiments import REGISTRY
 
     exp = REGISTRY[mode.experiment]
     base = exp.arms[mode.unprotected]
-    arms = {mode.unprotected: base, mode.fix: exp.arms[mode.fix]}
+    arms = {mode.unprotected: off_policy.arm(base), mode.fix: off_policy.arm(exp.arms[mode.fix])}
     for i, loss in enumerate(losses):
         knobs = knob_values(loss, overrides)
-        arms[_arm_name(i)] = replace(base, cfg=base.cfg.replace(**knobs), loss=loss.spec)
+        arms[_arm_name(i)] = off_policy.arm(replace(base, cfg=base.cfg.replace(**knobs), loss=loss.spec))
     summaries = {
         mode.summary: exp.summaries[mode.summary],
         LEARNED: Summary(_accuracy_gain, "expected accuracy, last 10 steps minus step 0 (= no update)"),
@@ -379,11 +408,12 @@ def check(
     knobs: Sequence[str] | None = None,
     jobs: int | None = None,
     progress: bool = False,
+    off_policy: OffPolicy = OffPolicy(),
 ) -> list[LossResult]:
     """Run the check for every loss in ``specs`` at once (the unprotected and fix arms are
     shared). ``overrides`` sets knobs of :data:`~toybench.losses.KNOBS` for every
     candidate; ``claims`` replaces each loss's own claims and ``knobs`` the knobs each says
-    it honours."""
+    it honours; ``off_policy`` runs every arm on stale rollouts with a correction."""
     overrides = dict(overrides or {})
     unknown = [k for k in overrides if k not in KNOBS]
     if unknown:
@@ -408,7 +438,15 @@ def check(
                 probe_contract(loss, overrides),
             )
         )
-    experiments = [derived_experiment(MODES[m], losses, overrides) for m in modes]
+    if correction_fields(off_policy.correction)["tis_cap"] is not None:
+        for loss in losses:
+            if not uses_weights(loss, overrides):
+                raise LossSpecError(
+                    f"--correction {off_policy.correction} weights the loss, but {loss.spec} takes no "
+                    "is_weights keyword or ignores it; choose a correction without weights (none, bypass, "
+                    "geo_rs, k3_rs) or multiply is_weights into the per-token loss"
+                )
+    experiments = [derived_experiment(MODES[m], losses, overrides, off_policy) for m in modes]
     done = run_experiments(
         experiments, seeds=seeds, seed_start=seed_start, confirm=confirm, jobs=jobs, progress=progress
     )

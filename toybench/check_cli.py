@@ -12,8 +12,9 @@ from typing import Any
 
 from dapo.cliargs import UsageError
 from dapo.config import AGG_MODES, AlgoConfig, ConfigError
+from dapo.offpolicy import CORRECTIONS
 
-from .check import MODES, check, format_table
+from .check import MODES, OffPolicy, check, format_table
 from .losses import BUILTIN, KNOBS, LossSpecError, resolve
 
 
@@ -82,6 +83,10 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
             "check: name at least one LOSS (e.g. dapo, verl:clip_cov, mypkg.losses:my_loss) or --all"
         )
     overrides = dict(_knob(item) for item in args.set)
+    if args.correction not in CORRECTIONS:
+        raise UsageError(f"--correction {args.correction!r}: choose from {', '.join(CORRECTIONS)}")
+    if args.partial and not args.staleness:
+        raise UsageError("--partial needs --staleness K >= 1 (a partial rollout spans two policy versions)")
     modes = _names(args.modes, "--modes")
     claims = None if args.claims is None else _names(args.claims, "--claims", allow_none=True)
     knobs = None if args.knobs is None else _names(args.knobs, "--knobs", KNOBS, allow_none=True)
@@ -111,12 +116,16 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
             knobs=knobs,
             jobs=args.jobs,
             progress=not args.quiet,
+            off_policy=OffPolicy(args.staleness, args.partial, args.correction),
         )
     except LossSpecError as e:  # a user's loss that raises on the toy's tensors
         raise UsageError(f"check: {e}") from None
     seconds = time.perf_counter() - t0
     from .output import markdown_as_text
 
+    if args.staleness or args.partial or args.correction != "none":
+        partial = ", partial rollouts" if args.partial else ""
+        print(f"every arm off-policy: staleness {args.staleness}{partial}, correction {args.correction}\n")
     print(markdown_as_text(format_table(results), tables=2))
     command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
     payload = {
@@ -124,6 +133,9 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
         "seeds_per_block": args.seeds,
         "seed_start": args.seed_start,
         "confirm": not args.no_confirm,
+        "staleness": args.staleness,
+        "partial": args.partial,
+        "correction": args.correction,
         "seconds": round(seconds, 1),
         "results": [r.to_json() for r in results],
     }

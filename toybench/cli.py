@@ -99,6 +99,27 @@ def build_parser() -> argparse.ArgumentParser:
         default=",".join(("entropy_collapse", "zero_gradient", "length_bias", "truncation_noise")),
         help="comma-separated failure modes to run (default: all four)",
     )
+    c.add_argument(
+        "--staleness",
+        type=Int(lo=0, hi=64),
+        default=0,
+        metavar="K",
+        help="run every arm off-policy: rollouts from the policy K versions (training steps) old, each "
+        "token with its sampler's log-prob, as an asynchronous trainer at max staleness K (default 0)",
+    )
+    c.add_argument(
+        "--partial",
+        action="store_true",
+        help="with --staleness: partial rollouts (a weight update interrupts each response; its tokens "
+        "come from two versions, K and K + 1 old)",
+    )
+    c.add_argument(
+        "--correction",
+        type=Text(),
+        default="none",
+        help="the off-policy correction of every arm (dapo.offpolicy.CORRECTIONS: none, bypass, token_tis, "
+        "seq_tis, icepop, seq_mis, geo_rs, k3_rs, decoupled; default none)",
+    )
     _seed_args(c, 10)
     c.add_argument("--json", type=OutFile(), default=None, help="also write the results as JSON to this file")
     c.add_argument(

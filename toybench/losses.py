@@ -341,12 +341,17 @@ class ProbeError(LossSpecError):
 
 
 def _call(
-    loss: Loss, knobs: dict[str, Any], batch: Batch | None = None, denominator: float | None = None
+    loss: Loss,
+    knobs: dict[str, Any],
+    batch: Batch | None = None,
+    denominator: float | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[float, Tensor]:
     """The loss's value and d loss / d logp on ``batch`` (default: the knob probe's), called
     as the batched engine calls it (one leading run dimension)."""
     logp, old, adv, mask = batch if batch is not None else _probe_batch()
     logp = logp.clone().requires_grad_(True)
+    weights = {} if is_weights is None else {"is_weights": is_weights.unsqueeze(0)}
     value, _ = loss.fn(
         logp.unsqueeze(0),
         old.unsqueeze(0),
@@ -358,6 +363,7 @@ def _call(
         agg=knobs["loss_agg"],
         agg_denominator=None if denominator is None else torch.tensor([denominator], dtype=torch.float64),
         norm_const=PROBE_T,
+        **weights,
     )
     if not isinstance(value, Tensor) or not value.requires_grad:
         raise ProbeError(
@@ -405,6 +411,22 @@ def probe_knobs(loss: Loss, knobs: dict[str, Any] | None = None) -> dict[str, bo
         second = _call(loss, {**knobs, knob: v2})
         out[knob] = None if not (_finite(*first) and _finite(*second)) else not _same(first, second)
     return out
+
+
+def uses_weights(loss: Loss, knobs: dict[str, Any] | None = None) -> bool:
+    """Whether the loss takes off-policy importance weights and acts on them: it accepts
+    ``is_weights`` and its value or gradient changes when the weights go from 1 to a
+    spread of values on the probe batch (a loss with ``**kwargs`` may swallow them)."""
+    from dapo.offpolicy import takes_weights
+
+    if not takes_weights(loss.fn):
+        return False
+    knobs = knob_values(loss, knobs)
+    _, _, _, mask = _probe_batch()
+    ones = torch.ones(mask.shape, dtype=torch.float64)
+    spread = torch.linspace(0.1, 2.0, mask.numel(), dtype=torch.float64).view(mask.shape)
+    a, b = _call(loss, knobs, is_weights=ones), _call(loss, knobs, is_weights=spread)
+    return not _same(a, b)
 
 
 def probe_line(knob: str) -> str:
