@@ -1,7 +1,7 @@
 """From toy to full scale. Each session installs what it needs from this repo's files.
 
     nox -s tests        every test: core, toy experiments, health, planner, scale trainer on CPU
-    nox -s toy          the four failure-mode experiments + the ladder; writes the toy gate
+    nox -s toy          the four failure-mode experiments, the ladder, the off-policy family; writes the toy gate
     nox -s report       health reports: the toy runs diagnosed, the rule confusion matrix, the calibration
     nox -s scale_smoke  a tiny random Qwen2 through accelerate + vLLM on CPU: train, export, eval
     nox -s rehearsal    a multi-node run on CPU: 2 simulated nodes x 2 processes, FSDP2, vLLM per
@@ -98,12 +98,14 @@ def losses(session: nox.Session) -> None:
 
 @nox.session
 def toy(session: nox.Session) -> None:
-    """The main job: every failure-mode experiment (10 paired seeds) and the ladder; on success
+    """The main job: every failure-mode experiment (10 paired seeds), the ladder and the
+    off-policy family (staleness, corrections; ``dapo toy off-policy``); on success
     writes the toy gate for this commit and the algo config (``-- --config FILE``)."""
     config, _ = _config(session, "qwen2.5-32b-dapo")
     _install(session, "toy,report,scale")
     session.run("dapo", "toy", "run", "all", "--seeds", "10", "--out", "runs/toy", "--brief")
     session.run("dapo", "toy", "ladder", "--seeds", "10", "--out", "runs/ladder")
+    session.run("dapo", "toy", "off-policy", "--seeds", "10", "--out", "runs/off_policy", "--quiet")
     session.run("dapo", "gate", "write", "--config", config, "--toy-summary", "runs/toy/summary.json")
 
 

@@ -86,6 +86,7 @@ SCHEMA: dict[str, str] = {
             "length_growth",
             "truncation_noise",
             "rollout_mismatch",
+            "off_policy_drift",
             "kl_blowup",
             "gradients",
             "loss_spikes",

@@ -378,7 +378,7 @@ def test_verdict_inconclusive_when_most_rules_cannot_judge():
     fs = diagnose(only_trunc)
     v = verdict(fs)
     assert v.status == "inconclusive" and v.judged == 1
-    assert "11 of 12 rules could not judge" in v.headline() and "not logged" in v.headline()
+    assert "12 of 13 rules could not judge" in v.headline() and "not logged" in v.headline()
     failing = [{**r, "rollout/truncation_rate": 1.0} for r in only_trunc]
     assert verdict(diagnose(failing)).status == "failing"  # evidence of a failure stands on its own
 
@@ -523,9 +523,42 @@ def test_rules_fire_on_toy_failures_and_less_on_fixed_runs(toy_results):
     assert all("rounds" in r["evidence"] for r in ds_rows)
     # faults injected late (step 30): every one found, by the rule it belongs to, within a window
     d = suite["detection"]
-    for rule in ("rollout_mismatch", "gradients", "kl_blowup"):
+    for rule in ("rollout_mismatch", "gradients", "kl_blowup", "off_policy_drift"):
         found = d[rule]
         assert found["recall"] == 1.0 and found["precision"] == 1.0, found
         assert found["lead_runs"] == 10 and found["lead_missed"] == 0 and found["lead_max"] <= 10, found
     # the learning rate x30 from step 30 collapses entropy within a window (an alarm on every run)
     assert d["entropy_collapse"]["lead_runs"] == 10 and 0 <= d["entropy_collapse"]["lead_max"] <= 10
+
+
+def _drift_log(values):
+    return [{"step": i, "mismatch/k3_kl": v} for i, v in enumerate(values)]
+
+
+@pytest.mark.parametrize(
+    "values, want",
+    [
+        ([1e-4] * 30 + [1e-4 * 1.3**i for i in range(30)], "failing"),  # rises steadily to ~0.026
+        ([1e-3] * 30 + [0.008] * 30, "warning"),  # grown 8x but still small
+        ([0.03] * 60, "warning"),  # high from the start: an offset, not drift
+        ([5e-4, 1.5e-3] * 30, "healthy"),  # a bf16-sized gap that wobbles
+        ([0.0] * 30 + [0.003] * 30, "healthy"),  # grows from nothing to below the warning level
+    ],
+)
+def test_off_policy_drift_judges_growth_not_an_offset(values, want):
+    assert status(_drift_log(values), "off_policy_drift").status == want
+
+
+def test_off_policy_drift_reads_verls_rollout_corr_metrics(tmp_path):
+    from dapo.health.readers import read_runs
+
+    lines = [
+        f"step:{i} - rollout_corr/k3_kl:{1e-4 * 1.3 ** max(0, i - 30):.6f} - actor/entropy:0.5 - critic/score/mean:0.3"
+        for i in range(1, 61)
+    ]
+    path = tmp_path / "verl.log"
+    path.write_text("\n".join(lines) + "\n")
+    runs, _, fmt = read_runs(path)
+    assert fmt == "verl-console"
+    assert status(runs["run"], "off_policy_drift").status == "failing"
+    assert status(_drift_log([]), "off_policy_drift").reason == "not logged"

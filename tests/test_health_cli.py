@@ -47,7 +47,7 @@ def test_exit_statuses(tmp_path, capsys):
     assert main([str(collapse), "--fail-on", "failing"]) == EXIT_FAIL
     sparse = write(tmp_path / "s.jsonl", rows(40, **{"rollout/truncation_rate": 0.0}))
     assert main([str(sparse)]) == 0  # no gate asked for
-    assert "inconclusive (11 of 12 rules could not judge: 11 not logged)" in capsys.readouterr().out
+    assert "inconclusive (12 of 13 rules could not judge: 12 not logged)" in capsys.readouterr().out
     assert main([str(sparse), "--fail-on", "failing"]) == EXIT_INCONCLUSIVE
     assert main([str(sparse), "--fail-on", "warning"]) == EXIT_INCONCLUSIVE
     healthy = write(
@@ -71,7 +71,9 @@ def test_exit_statuses(tmp_path, capsys):
     assert main([str(healthy), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["run"]["verdict"] == "healthy" and doc["run"]["judged"] == 9
-    assert doc["run"]["unknown"] == {"not logged": ["validation", "rollout_mismatch", "loss_spikes"]}
+    assert doc["run"]["unknown"] == {
+        "not logged": ["validation", "rollout_mismatch", "off_policy_drift", "loss_spikes"]
+    }
 
 
 def test_knobs_from_flag_and_run_dir_change_the_advice(tmp_path, capsys):

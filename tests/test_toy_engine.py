@@ -149,6 +149,20 @@ def test_a_run_does_not_depend_on_its_batch():
     assert together[4] == alone[0] or all(_same(a[k], b[k]) for a, b in zip(together[4], alone[0]) for k in a)
 
 
+def test_a_batch_mate_with_nan_steps_takes_nothing_from_a_run():
+    """A run batched with one whose log-probs are made NaN (the health suite's fault) keeps
+    every step: the NaN once leaked through the backward of ``logp * nan`` (0 * nan)."""
+    from toybench.health_suite import FAULTS
+
+    clean = FAULTS.spec("nan_steps", 0, steps=12)
+    clean = RunSpec(**{**clean.__dict__, "nan_steps": ()})
+    faulty = FAULTS.spec("nan_steps", 1, steps=12)
+    alone = train_many([clean])[0]
+    mixed = train_many([faulty, clean])
+    assert_logs_match(alone, mixed[1])
+    assert mixed[0][5]["actor/skipped_steps"] > 0 and mixed[1][5]["actor/skipped_steps"] == 0
+
+
 def test_underfilled_dynamic_sampling_batches_match_the_loop():
     # one generation round allowed: the batch is often short of train_groups
     cfg = REGISTRY["zero_gradient"].arms["dynamic_sampling"].cfg.replace(max_gen_rounds=1)

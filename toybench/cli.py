@@ -12,7 +12,9 @@ from dapo.cliargs import Int, OutDir, OutFile, Parser, Text, UsageError
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="dapo toy", description="Toy regime: DAPO's failure modes on a CPU.")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{run,list,check,ladder,factorial,health}")
+    sub = p.add_subparsers(
+        dest="cmd", required=True, metavar="{run,list,check,ladder,factorial,off-policy,health}"
+    )
     run = sub.add_parser(
         "run",
         help="run experiments and print their verdicts",
@@ -141,6 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument(
             "--steps", type=Int(lo=1), default=None, help="override the 150-step horizon (exploration only)"
         )
+    o = sub.add_parser(
+        "off-policy",
+        help="staleness, partial rollouts and engine precision against each correction",
+        description="The off_policy family: GRPO and DAPO at staleness 0, 1, 2, 4, 8 with and without partial "
+        "rollouts under each correction, bf16/fp8 engines, DAPO's fixes at each staleness, and the simulated "
+        "clock; writes the tolerated-staleness table.",
+    )
+    _seed_args(o, 10)
+    _common(o, "runs/off_policy", "; the committed report: --out reports/off_policy")
+    o.add_argument(
+        "--steps", type=Int(lo=10), default=None, help="override the 150-step horizon (exploration only)"
+    )
     h = sub.add_parser(
         "health",
         help="diagnose toy runs with known failure modes (confusion matrix)",
@@ -189,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cmd in ("ladder", "factorial"):
         return _ladder(args, argv)
+    if args.cmd == "off-policy":
+        return _off_policy(args, argv)
     if args.cmd == "health":
         from .health_suite import run_suite, write_report
 
@@ -308,4 +324,28 @@ def _ladder(args, argv) -> int:
     path = writer(result, wall, args.out, command)
     print(markdown_as_text(path.read_text(), tables=1))
     print(f"\n{args.cmd}: {wall:.1f} s wall; full report (Markdown, figures): {path}")
+    return 0
+
+
+def _off_policy(args, argv) -> int:
+    from . import off_policy as O
+    from .experiment import run_experiments
+    from .off_policy_report import write_report
+    from .output import markdown_as_text
+
+    t0 = time.perf_counter()
+    grid = O.grid_experiment(args.steps or O.STEPS)
+    results = run_experiments(
+        [grid, *O.protection_experiments()],
+        seeds=args.seeds,
+        jobs=args.jobs,
+        seed_start=args.seed_start,
+        confirm=not args.no_confirm,
+        progress=not args.quiet,
+    )
+    wall = time.perf_counter() - t0
+    command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
+    path = write_report(results[0], results[1:], wall, args.out, command)
+    print(markdown_as_text(path.read_text(), tables=1))
+    print(f"\noff-policy: {wall:.1f} s wall; full report (Markdown, figure, JSON): {path}")
     return 0

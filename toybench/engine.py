@@ -495,7 +495,10 @@ class _Engine:
                     entropy=epoch == 0,
                 )
                 if any(nan_runs):
-                    logp = torch.where(torch.tensor(nan_runs).view(R, 1, 1), logp * float("nan"), logp)
+                    # added, not multiplied: the backward of ``logp * nan`` is ``grad * nan``,
+                    # NaN for every run (0 * nan), which took every batch-mate's step
+                    poison = torch.where(torch.tensor(nan_runs).view(R, 1, 1), math.nan, 0.0)
+                    logp = logp + poison.to(logp.dtype)
                 loss = torch.zeros(R, dtype=torch.float64)
                 stats = torch.zeros(R, len(_STATS), dtype=torch.float64)
                 total = torch.zeros((), dtype=torch.float64)

@@ -11,7 +11,7 @@ log shaped like the paper's Figure 4 instead, and the matrix says so.
 
 Precision, recall and lead time (:func:`detection`): the failure runs and the runs made to
 fail late (a fault injected at a known step, :data:`LATE`: engine noise, NaN log-probs, the
-learning rate x30) are the positives of their rule, the fixed runs its negatives. The lead
+learning rate x30, rollouts 32 versions stale) are the positives of their rule, the fixed runs its negatives. The lead
 time is the delay from the injection step to the first step the rule, run on the log as it
 grows (the trainer's live diagnosis), says warning or failing.
 """
@@ -26,6 +26,7 @@ from pathlib import Path
 
 from dapo import AlgoConfig
 from dapo.health import RULES, SEVERITY, diagnose
+from dapo.offpolicy import correction_fields
 
 from .experiment import Arm, Experiment, ExperimentResult, run_experiments
 from .experiments import REGISTRY
@@ -69,6 +70,13 @@ FAULTS = Experiment(
         "nan_late": Arm(FAULTS_BASE, 20.0, faults={"nan_steps": tuple(range(30, 60, 5))}),
         # the learning rate x30 from step 30: the policy sharpens at once (entropy collapse, a KL spike)
         "lr_late": Arm(FAULTS_BASE, 20.0, faults={"lr_boost": 30.0, "lr_boost_from": 30}),
+        # an asynchronous run whose generator falls behind at step 30: rollouts 32 versions old,
+        # no correction; the run stalls (accuracy at steps 50-60 about 0.1 below on-policy)
+        "stale_late": Arm(FAULTS_BASE, 20.0, faults={"staleness": 32, "staleness_from": 30}),
+        # bounded staleness with a correction from the start: a constant engine-trainer gap
+        "stale_bounded": Arm(
+            FAULTS_BASE.replace(**correction_fields("token_tis")), 20.0, faults={"staleness": 2}
+        ),
     },
     summaries={},
     contrasts=(),
@@ -92,6 +100,12 @@ CASES = (
     Case("rollout_mismatch", ("faults", "engine_noise"), ("faults", "clean")),
     Case("gradients", ("faults", "nan_steps"), ("faults", "clean")),
     Case(
+        "off_policy_drift",
+        ("faults", "stale_late"),
+        ("faults", "stale_bounded"),
+        note="staleness 32 from step 30 without correction, against staleness 2 with token TIS from the start",
+    ),
+    Case(
         "kl_blowup",
         ("faults", "lr_late"),
         ("faults", "clean"),
@@ -105,6 +119,7 @@ LATE = (
     ("gradients", ("faults", "nan_late"), 30),
     ("entropy_collapse", ("faults", "lr_late"), 30),
     ("kl_blowup", ("faults", "lr_late"), 30),
+    ("off_policy_drift", ("faults", "stale_late"), 30),
 )
 """(rule, (experiment, arm) whose runs fail from a known step, that step): the lead times."""
 

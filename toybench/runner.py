@@ -119,14 +119,20 @@ def rollout_round(
     )
 
 
-SIM_TAILS: dict[str, float] = {"tail0": 0.0, "tail1": 1.0}
+SIM_TAILS: dict[str, tuple[float, str]] = {
+    "tail0": (0.0, "max"),
+    "tail1": (1.0, "max"),
+    "tail1_mean": (1.0, "mean"),
+}
 """The generation-time model (reported, never trained on). Responses of a round decode in
 lockstep, so a round takes as long as its slowest response: ``max_i L_i * m_i`` token
 times, where L_i is the response's length and ``m_i = exp(sigma * z_i)``, z_i ~ N(0, 1),
 a per-response slowdown (a long tail of slow or long generations: sigma 0 is none, sigma 1
-a heavy one). The z_i come from their own stream per (seed, step, round), so the model
-never changes a run. Metrics: ``toy/gen_time_<tail>`` per step (all rounds) and
-``cost/gen_time_<tail>_total``."""
+a heavy one). ``tail1_mean`` is the mean instead of the max: a generator that never waits
+for its slowest response (partial rollouts: interrupted responses continue later), the
+work-conserving limit. The z_i come from their own stream per (seed, step, round), so the
+model never changes a run. Metrics: ``toy/gen_time_<clock>`` per step (all rounds) and
+``cost/gen_time_<clock>_total``."""
 
 
 def round_times(lengths: torch.Tensor, seeds: list[int], step: int, rnd: int) -> dict[str, torch.Tensor]:
@@ -142,7 +148,11 @@ def round_times(lengths: torch.Tensor, seeds: list[int], step: int, rnd: int) ->
         ]
     )
     length = lengths.to(torch.float64)
-    return {name: (length * torch.exp(sigma * z)).amax(1) for name, sigma in SIM_TAILS.items()}
+    out = {}
+    for name, (sigma, reduce) in SIM_TAILS.items():
+        t = length * torch.exp(sigma * z)
+        out[name] = t.amax(1) if reduce == "max" else t.mean(1)
+    return out
 
 
 def _best_paths(task: TokenTask) -> torch.Tensor:

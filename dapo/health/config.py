@@ -51,6 +51,18 @@ class HealthConfig:
     """Mean |trainer - engine| log-prob gap per token: warning above this, ..."""
     mismatch_fail: float = 0.05
     """...failing above this."""
+    drift_warn: float = 0.005
+    """Off-policy drift: the k3 KL between the engine's and the trainer's policy on the sampled
+    tokens (nats per token, ``mismatch/k3_kl``; verl ``rollout_corr/k3_kl``) over the last
+    window at or above this, having grown ``drift_growth``-fold from its first window:
+    warning (a bf16 engine against an fp32 trainer sits near 1e-4 to 1e-3)..."""
+    drift_fail: float = 0.02
+    """...failing at or above this."""
+    drift_growth: float = 4.0
+    """The growth (last window's median over the first window's, the first floored at
+    ``drift_floor``) that makes a mismatch "rising" rather than a constant offset."""
+    drift_floor: float = 1e-4
+    """The smallest first-window level the growth is measured against."""
     kl_blowup: float = 10.0
     """A KL row above this multiple of the KL's level at the start of the log (its first
     window's median, floored at ``kl_floor``) and above the warning ceiling is a spike: two or
@@ -142,13 +154,21 @@ _FRACTIONS = (
     "min_gain_frac",
     "min_gain_rel",
 )
-_MULTIPLES = ("entropy_explode_warn", "entropy_explode_fail", "kl_blowup", "grad_explode", "loss_spike")
+_MULTIPLES = (
+    "entropy_explode_warn",
+    "entropy_explode_fail",
+    "kl_blowup",
+    "grad_explode",
+    "loss_spike",
+    "drift_growth",
+)
 _ORDERED = (
     ("entropy_fail_frac", "entropy_warn_frac"),
     ("entropy_explode_warn", "entropy_explode_fail"),
     ("uniform_warn", "uniform_fail"),
     ("truncation_warn", "truncation_fail"),
     ("mismatch_warn", "mismatch_fail"),
+    ("drift_warn", "drift_fail"),
     ("kl_ref_warn", "kl_ref_fail"),
     ("kl_ppo_warn", "kl_ppo_fail"),
 )

@@ -30,6 +30,7 @@ PANELS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("Response length", ("rollout/length_mean",), ("length_growth",)),
     ("Truncation rate", ("rollout/truncation_rate",), ("truncation_noise",)),
     ("Engine/trainer log-prob gap", ("mismatch/logp_gap",), ("rollout_mismatch",)),
+    ("Engine/trainer k3 KL (off-policy drift)", ("mismatch/k3_kl",), ("off_policy_drift",)),
     ("KL", ("actor/approx_kl", "actor/ref_kl"), ("kl_blowup",)),
     ("Grad norm", ("actor/grad_norm",), ("gradients",)),
     ("Policy loss", ("actor/loss",), ("loss_spikes",)),

@@ -29,6 +29,13 @@ VERL = {
     "critic/score/min": "rollout/reward_min",
     "train/num_gen_batches": "sampling/rounds",
     "training/rollout_probs_diff_mean": "mismatch/logp_gap",
+    # rollout correction (verl >= 0.6, rollout_corr_helper): the engine-trainer mismatch
+    "rollout_corr/k3_kl": "mismatch/k3_kl",
+    "rollout_corr/kl": "mismatch/kl",
+    "rollout_corr/chi2_token": "mismatch/chi2_token",
+    "rollout_corr/chi2_seq": "mismatch/chi2_seq",
+    "rollout_corr/ppl_ratio": "mismatch/ppl_ratio",
+    "rollout_corr/log_ppl_abs_diff": "mismatch/log_ppl_abs_diff",
 }
 """verl (``metric_utils.compute_data_metrics`` and the actor) -> this schema."""
 
