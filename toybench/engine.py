@@ -188,11 +188,11 @@ class _Engine:
         for partial rollouts, version ``step - k - 1`` (clamped at version 0), each in the
         engine's precision."""
         table = self.table.detach()
+        if not self.any_off:
+            return table, table
         self.versions[self.step] = table.clone()
         for v in [v for v in self.versions if v <= self.step - self.keep_versions]:
             del self.versions[v]
-        if not self.any_off:
-            return table, table
 
         def at(r: int, back: int) -> Tensor:
             return self.versions[max(self.step - back, 0)][r]
