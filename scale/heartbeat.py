@@ -15,7 +15,9 @@ for a collective to fail. Every rank runs one daemon thread that, every ``interv
 
 A rank whose counter has not moved for ``timeout_s`` has died (SIGKILL, OOM kill, a lost node)
 or stopped answering (SIGSTOP, a hung driver holding its process): every rank that sees it
-prints one line naming it and exits at once with status 3, the status of a collective
+prints one line naming it, and every other rank silent to within one interval of the timeout
+(ranks that went quiet together, such as the node-mates a launcher ends after one is killed:
+the watcher sees each last beat at its own read), and exits at once with status 3, the status of a collective
 timeout (``--resume auto`` continues from the last checkpoint). A store that cannot be
 reached for ``timeout_s`` (the host of rank 0's launcher died) ends the rank the same way. A
 rank that finishes cleanly marks itself done (:meth:`Heartbeat.stop`) and is never reported.
@@ -93,18 +95,22 @@ class Heartbeat:
                 )
             return None
         self.store_ok_since = now
-        stale = []
+        silent_for: dict[int, float] = {}
         for r, v in values.items():
             if r not in self.last_value:  # first sight: silent since this rank started watching
                 self.last_value[r] = v
             elif v != self.last_value[r]:
                 self.last_value[r] = v
                 self.last_moved[r] = now
-            elif v < DONE and now - self.last_moved[r] >= self.timeout_s:
-                stale.append(r)
-        if not stale:
+            elif v < DONE:
+                silent_for[r] = now - self.last_moved[r]
+        if not any(t >= self.timeout_s for t in silent_for.values()):
             return None
-        silent = max(now - self.last_moved[r] for r in stale)
+        # every rank silent to within one interval of the timeout went quiet with the first
+        # (a killed rank and the node-mates its launcher ends a moment later): all are named,
+        # whichever this watcher happened to see last beat one read earlier
+        stale = sorted(r for r, t in silent_for.items() if t >= self.timeout_s - self.interval_s)
+        silent = max(silent_for[r] for r in stale)
         which = f"rank {stale[0]}" if len(stale) == 1 else "ranks " + ", ".join(map(str, stale))
         return (
             f"rank {self.rank}: {which} stopped answering (no heartbeat for {silent:.0f} s; "

@@ -244,8 +244,9 @@ def rank_fault(
 ) -> dict[str, Any]:
     """Start a run, and once its first checkpoint is written, send ``sig`` (SIGKILL or SIGSTOP)
     to the last rank (on the last simulated node). Passes when every rank of node 0 has ended
-    within :data:`FAULT_LIMIT_S` with a nonzero status, with the line naming that rank, although
-    the collective timeout is 900 s. (The first rank of a node to see it exits, and its launcher
+    within :data:`FAULT_LIMIT_S` with a nonzero status, with the line naming that rank (after a
+    SIGKILL, a rank of its node: its launcher ends them too, and whichever a watcher saw last
+    beat earliest crosses the timeout first), although the collective timeout is 900 s. (The first rank of a node to see it exits, and its launcher
     then ends the node's other ranks: not every rank gets to print the line.)"""
     import re
     import signal as signals
@@ -276,13 +277,20 @@ def rank_fault(
     rc = procs[0].returncode
     _kill(procs)  # the rest, and the stopped rank
     text = log.with_name(f"{log.name}.node0.log").read_text(errors="replace")
-    named = re.compile(rf"rank (\d+): (?:rank {victim}|ranks [\d, ]*\b{victim}\b[\d, ]*) stopped answering")
-    namers = sorted({int(m.group(1)) for m in named.finditer(text)})
+    # after a SIGKILL the victim's launcher ends its node-mates at once, so the line may name any
+    # rank of the victim's node (each is gone); a stopped rank's node-mates keep beating, so
+    # after a SIGSTOP it must name the victim itself
+    node = range((nodes - 1) * per_node, nodes * per_node)
+    allowed = set(node) if sig == signals.SIGKILL else {victim}
+    line = re.compile(r"rank (\d+): ranks? ([\d, ]+) stopped answering")
+    found = [(int(m.group(1)), {int(x) for x in m.group(2).split(",")}) for m in line.finditer(text)]
+    namers = sorted({by for by, named in found if named & allowed and named <= set(node)})
     return {
         "signal": name,
         "rank": victim,
         "node0_exit": rc,
         "node0_ended_after_s": None if ended_s is None else round(ended_s, 1),
+        "named": sorted({r for _, named in found for r in named}),
         "named_by_ranks": namers,
         "passed": ended_s is not None and ended_s <= FAULT_LIMIT_S and rc not in (0, None) and bool(namers),
     }
@@ -471,9 +479,10 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
     for sig in (signals.SIGKILL, signals.SIGSTOP):
         fault = rank_fault(out, overrides, nodes, per_node, logs, sig, timeout_s)
         report[f"fault_{fault['signal'].lower()}"] = fault
+        whom = f"rank {fault['rank']}" if sig == signals.SIGSTOP else f"a rank of its node ({fault['named']})"
         checks[
             f"{fault['signal']} of rank {fault['rank']}: every rank of node 0 ended within "
-            f"{FAULT_LIMIT_S:.0f} s (collective timeout 900 s), naming rank {fault['rank']}"
+            f"{FAULT_LIMIT_S:.0f} s (collective timeout 900 s), naming {whom}"
         ] = fault["passed"]
     report["checks"] = checks
     report["differences"] = diffs[:20]

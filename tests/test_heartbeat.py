@@ -69,6 +69,28 @@ def test_several_silent_ranks_are_all_named():
     assert "ranks 1, 2, 3 stopped answering" in msg
 
 
+def test_ranks_that_went_quiet_together_are_named_together():
+    """A killed rank and the node-mate its launcher ends a moment later: the watcher saw the
+    mate's last beat one read earlier, so it crosses the timeout first; both are named
+    (the rehearsal's SIGKILL check once failed on naming only the mate)."""
+    store, clock = FlakyStore(), Clock()
+    hb = beats(store, clock, world=4)
+    clock.t += 1
+    assert all(h.beat_and_check() is None for h in hb)
+    clock.t += 0.5  # ranks 0, 1 and 3 beat; rank 2 has just been ended by its launcher
+    for r in (0, 1, 3):
+        hb[r].beat_and_check()
+    clock.t += 0.5  # rank 3 is killed after its beat; rank 0 reads both as silent from here on
+    msg = None
+    while msg is None:
+        clock.t += 1
+        hb[1].beat_and_check()
+        msg = hb[0].beat_and_check()
+    assert "ranks 2, 3 stopped answering" in msg, msg
+    # a rank silent for less than timeout - interval is not named with them
+    assert "rank 1" not in msg.split(":", 1)[1]
+
+
 def test_a_rank_that_finished_is_never_reported():
     store, clock = FlakyStore(), Clock()
     hb = beats(store, clock, world=2)
