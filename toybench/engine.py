@@ -215,6 +215,8 @@ class _Engine:
         new, old = self.behaviour
         args = (batch["prompts"], batch["tokens"])
         lp_new, _ = table_logp_entropy(new, *args, run=batch["run"], entropy=False)
+        if not bool(self.partial.any()):  # no cut anywhere: every token is the newer version's
+            return lp_new
         lp_old, _ = table_logp_entropy(old, *args, run=batch["run"], entropy=False)
         before = torch.arange(lp_new.shape[-1]) < batch["cut"].unsqueeze(-1)
         return torch.where(before, lp_old, lp_new)
@@ -226,7 +228,7 @@ class _Engine:
 
     # -- one generation round for the active runs --------------------------------------------
     @torch.no_grad()
-    def generate(self, active: list[int], cdf: Tensor, cdf_old: Tensor | None = None) -> _Round:
+    def generate(self, active: list[int], cdf: Tensor, rnd: int = 0, cdf_old: Tensor | None = None) -> _Round:
         task, g = self.task, self.G
         b = self.n_groups * g
         t = task.max_len
@@ -250,7 +252,7 @@ class _Engine:
             # (a response's path is its first token, so the two halves join exactly)
             cut = torch.cat(
                 [
-                    partial_cuts(self.specs[r].seed, self.step, self.rnd, b, t)
+                    partial_cuts(self.specs[r].seed, self.step, rnd, b, t)
                     if self.specs[r].partial
                     else torch.zeros(b, dtype=torch.long)
                     for r in active
@@ -351,8 +353,7 @@ class _Engine:
                 break
             active_t = live.nonzero().view(-1)
             active = active_t.tolist()
-            self.rnd = int(rounds[active_t[0]])
-            rd = self.generate(active, cdf, cdf_old)
+            rd = self.generate(active, cdf, int(rounds[active_t[0]]), cdf_old)
             parts.append(rd)
             n = len(active_t)
             rnd = rounds[active_t]  # every active run is on the same round: rounds advance together

@@ -97,7 +97,7 @@ class Config:
         return arm_name(self.base, k, self.partial, self.correction)
 
 
-def configs(staleness: Sequence[int] = STALENESS) -> list[Config]:
+def configs() -> list[Config]:
     out = [Config("dapo", False, c) for c in CORRECTIONS]
     out += [Config("dapo", True, c) for c in PARTIAL_CORRECTIONS]
     out += [Config("grpo", False, c) for c in GRPO_CORRECTIONS]
@@ -145,7 +145,7 @@ def grid_experiment(steps: int = STEPS, staleness: Sequence[int] = STALENESS) ->
     contrasts: list[Contrast] = []
     for base, cfg in BASES.items():
         arms[arm_name(base, 0)] = Arm(toy_config(cfg), LR)
-    for c in configs(staleness):
+    for c in configs():
         cfg = toy_config(BASES[c.base]).replace(**correction_fields(c.correction))
         for k in staleness:
             if k == 0:

@@ -39,7 +39,7 @@ def grid_rows(result: ExperimentResult, staleness: tuple[int, ...] = O.STALENESS
     k = 0 on both blocks, and the arm's means."""
     s = result.summaries
     rows = []
-    for cfg in O.configs(staleness):
+    for cfg in O.configs():
         for k in staleness:
             if k == 0:
                 continue
