@@ -64,6 +64,12 @@ SCHEMA: dict[str, str] = {
     "mismatch/log_ppl_abs_diff": "mean over responses of |log ppl trainer - log ppl engine| (verl `log_ppl_abs_diff`)",
     "mismatch/rejected_frac": "fraction of response tokens removed by rejection (algo.rejection)",
     "mismatch/rejected_seq_frac": "fraction of responses with a token removed by rejection",
+    # disaggregated runs (rollout.mode: disaggregated; dapo.pipeline)
+    "async/staleness_mean": "mean over the step's response tokens of the versions between their sampler and the learner",
+    "async/staleness_max": "largest such staleness (never above rollout.max_staleness)",
+    "async/generator_idle_s": "seconds the slowest generator waited for the policy version of this step's batch",
+    "async/trainer_idle_s": "seconds the learner waited for this step's batch",
+    "async/tokens_in_flight": "response tokens generated for later steps, held by the learner when this step began",
     # read from peers' logs by dapo diagnose (this project does not produce them)
     "actor/ref_kl": "KL to the reference policy (TRL `kl`, verl `actor/kl_loss`; DAPO drops it)",
     "eval/score": "validation score, higher is better (verl `val-core/*/mean@N`, TRL `eval_reward`; this project: eval/avg@k)",

@@ -76,7 +76,24 @@ class DataConfig:
 @dataclass(frozen=True)
 class RolloutConfig:
     engine: str = "vllm"
-    """``vllm`` (colocated, in-process) or ``hf`` (transformers generate)."""
+    """``vllm`` or ``hf`` (transformers generate)."""
+    mode: str = "colocated"
+    """``colocated``: every rank generates with its own engine, then trains (the engine sleeps
+    during the update). ``disaggregated``: the run's ranks only train; ``generators`` other
+    processes, started by rank 0, only generate, each with its own engine, and take each new
+    policy version over a process group that spans both (:mod:`scale.bridge`)."""
+    generators: int = 1
+    """Generator processes of a disaggregated run (each one rollout group with its own engine)."""
+    max_staleness: int = 0
+    """k: batch s is sampled by policy version max(0, s - 1 - k) (:mod:`dapo.pipeline`), so
+    generation of the next k batches overlaps training and no token is more than k versions
+    old. 0: synchronous. Above 0 needs ``mode: disaggregated``. See the toys' table of
+    tolerated staleness (reports/off_policy) before choosing it."""
+    correction: str = "auto"
+    """The off-policy correction when ``max_staleness > 0`` (:data:`dapo.offpolicy.CORRECTIONS`):
+    ``auto`` keeps the algo section's own correction and, where it sets none, uses ``seq_tis``
+    (sequence-level truncated IS, tolerated at every k the toys tried with entropy unchanged);
+    ``keep`` leaves the algo section as written; a preset name replaces its correction fields."""
     gen_groups: int | None = None
     """Prompts per generation round (over-sampling for dynamic sampling); None: the
     algorithm's ``train_groups``."""
@@ -213,10 +230,15 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def disaggregated(self) -> bool:
+        return self.rollout.mode == "disaggregated"
+
     def validate(self) -> None:
         """Cross-section checks (each section validates its own fields on construction)."""
         if self.rollout.engine not in ("vllm", "hf"):
             raise ConfigError("rollout.engine", f"must be 'vllm' or 'hf' (got {self.rollout.engine!r})")
+        self._validate_placement()
         if self.data.template not in ("dapo", "none"):
             raise ConfigError("data.template", f"must be 'dapo' or 'none' (got {self.data.template!r})")
         chat = self.data.chat_template
@@ -312,6 +334,68 @@ class RunConfig:
         for t in self.output.trackers:
             if t not in ("tensorboard", "wandb"):
                 raise ConfigError("output.trackers", f"unknown tracker {t!r}")
+
+    def _validate_placement(self) -> None:
+        r = self.rollout
+        if r.mode not in ("colocated", "disaggregated"):
+            raise ConfigError("rollout.mode", f"must be 'colocated' or 'disaggregated' (got {r.mode!r})")
+        if not isinstance(r.max_staleness, int) or r.max_staleness < 0:
+            raise ConfigError("rollout.max_staleness", f"must be an integer >= 0 (got {r.max_staleness!r})")
+        if r.max_staleness and r.mode != "disaggregated":
+            raise ConfigError(
+                "rollout.max_staleness",
+                f"= {r.max_staleness} needs rollout.mode: disaggregated (colocated, generation and "
+                "training share the devices and take turns: there is nothing to overlap)",
+            )
+        from dapo.offpolicy import CORRECTIONS
+
+        if r.correction not in ("auto", "keep", *CORRECTIONS):
+            raise ConfigError(
+                "rollout.correction",
+                f"unknown {r.correction!r}; auto, keep or one of {', '.join(CORRECTIONS)}",
+            )
+        if r.mode != "disaggregated":
+            return
+        if not isinstance(r.generators, int) or r.generators < 1:
+            raise ConfigError("rollout.generators", f"must be a positive integer (got {r.generators!r})")
+        if self.gen_groups % r.generators:
+            raise ConfigError(
+                "rollout.gen_groups",
+                f"= {self.gen_groups} is not divisible by rollout.generators={r.generators} "
+                "(each generator takes an equal slice of every round)",
+            )
+        if r.tensor_parallel != 1:
+            raise ConfigError(
+                "rollout.tensor_parallel",
+                "must be 1 with rollout.mode: disaggregated (a tensor-parallel generator is not supported yet)",
+            )
+        if self.eval.every:
+            raise ConfigError(
+                "eval.every",
+                "must be 0 with rollout.mode: disaggregated (the generators hold older policy versions); "
+                "evaluate the checkpoints with `dapo eval`",
+            )
+
+
+def with_correction(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with ``rollout.correction`` applied to its algo section where staleness > 0."""
+    r = cfg.rollout
+    if not r.max_staleness or r.correction == "keep":
+        return cfg
+    a = cfg.algo
+    if r.correction == "auto":
+        if a.tis_cap is not None or a.rejection is not None or a.behaviour_clip:
+            return cfg
+        name = "seq_tis"
+    else:
+        name = r.correction
+    from dapo.offpolicy import correction_fields
+
+    try:
+        algo = dataclasses.replace(a, **correction_fields(name))  # type: ignore[arg-type]
+    except (ConfigError, ValueError) as err:
+        raise ConfigError("rollout.correction", f"{name}: {err}") from None
+    return dataclasses.replace(cfg, algo=algo)
 
 
 _SECTIONS = {
@@ -412,7 +496,7 @@ def from_dict(values: dict[str, Any], source: str = "config") -> RunConfig:
     }
     cfg = RunConfig(algo=algo, **sections)
     cfg.validate()
-    return cfg
+    return with_correction(cfg)
 
 
 def _known_fields() -> dict[str, list[str]]:

@@ -82,6 +82,10 @@ class _Report:
     rejected_all_wrong: int
 
 
+Key = tuple[int, int, int]
+"""A kept group: (round, rollout group, index among the groups that group accepted that round)."""
+
+
 @dataclass
 class _Candidate:
     round: int
@@ -178,7 +182,7 @@ class GlobalDynamicSampler:
                     "share prompts and seeds"
                 )
 
-    def _plan(self) -> tuple[list[_Candidate], list[list[int]]]:
+    def _plan(self, parts: int) -> tuple[list[_Candidate], list[list[int]]]:
         counts = [[len(r.group_tokens) for r in row] for row in self._reports]
         kept = trim_round_major(counts, self.target)
         cands = [
@@ -187,11 +191,11 @@ class GlobalDynamicSampler:
             for d, k in enumerate(row)
             for i in range(k)
         ]
-        return cands, balance_groups([c.tokens for c in cands], self.ranks.world)
+        plan = balance_groups([c.tokens for c in cands], parts)
+        self._parts_tokens = [sum(cands[i].tokens for i in part) for part in plan]
+        return cands, plan
 
-    def take(self) -> RolloutBatch | None:
-        """This rank's share of the kept groups (None when it gets none). Warns with a
-        :class:`dapo.sampling.SamplingWarning` when the round limit left the batch short."""
+    def _warn_if_short(self) -> None:
         if self.accepted < self.target:
             n_ac = sum(r.rejected_all_correct for row in self._reports for r in row)
             n_aw = sum(r.rejected_all_wrong for row in self._reports for r in row)
@@ -201,10 +205,27 @@ class GlobalDynamicSampler:
                 f"(max_gen_rounds={self.algo.max_gen_rounds}); training on what was found "
                 f"(rejected {n_ac} all-correct, {n_aw} all-wrong groups)",
                 SamplingWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
-        cands, parts = self._plan()
-        self._parts_tokens = [sum(cands[i].tokens for i in part) for part in parts]
+
+    def kept(self, parts: int) -> tuple[list[Key], RolloutBatch | None, list[list[Key]]]:
+        """For learners in other processes (a disaggregated run, :mod:`scale.generator`): this
+        rollout group's kept groups, as their keys ``(round, rollout group, index)`` and their
+        rows (None when it kept none), and the plan: for each of ``parts`` learner ranks the
+        keys of its groups, in canonical order (the order :meth:`take` gives). Warns like
+        :meth:`take` when the round limit left the batch short."""
+        self._warn_if_short()
+        cands, plan = self._plan(parts)
+        key = [(c.round, c.dp_rank, c.index) for c in cands]
+        mine = [i for i, c in enumerate(cands) if c.dp_rank == self.ranks.dp_rank]
+        batch = self._select([cands[i] for i in mine]) if mine else None
+        return [key[i] for i in mine], batch, [[key[i] for i in sorted(part)] for part in plan]
+
+    def take(self) -> RolloutBatch | None:
+        """This rank's share of the kept groups (None when it gets none). Warns with a
+        :class:`dapo.sampling.SamplingWarning` when the round limit left the batch short."""
+        self._warn_if_short()
+        cands, parts = self._plan(self.ranks.world)
         me, tp = self.ranks, self.ranks.tensor_parallel
         # rollout group d's groups for rank `dst` come from its member with dst's tp position
         outgoing: dict[int, bytes] = {}

@@ -1,21 +1,33 @@
-"""The full-regime trainer: accelerate (DDP/FSDP) + a rollout engine + the shared core.
+"""The full-regime trainer: accelerate (DDP/FSDP) + rollout engines + the shared core.
 
-Per training step, on every rank:
+Two roles, wired here for either placement (``rollout.mode``):
+
+* the **generator** side (:mod:`scale.generator`): the prompt stream, the engines, the
+  generation rounds and global dynamic sampling (:class:`scale.rollout.GlobalDynamicSampler`);
+* the **learner** side (this class): the model on its ranks (DDP or FSDP2), the optimizer,
+  :func:`dapo.update`, checkpoints, metrics and health.
+
+Colocated, every rank plays both roles in turn. Per training step, on every rank:
 
 1. generation rounds: each rollout group (the ``rollout.tensor_parallel`` ranks of one engine,
    :class:`scale.topology.Ranks`) takes its slice of ``gen_groups`` prompts from the one
    global prompt stream and generates G responses each, scored with
-   :func:`dapo.rewards.score_integer_answer`; :class:`scale.rollout.GlobalDynamicSampler`
-   counts the informative groups of all ranks after each round, stops every rank together at
-   ``train_groups`` (or the round limit) and hands each rank ``train_groups / world`` of them,
-   balanced by tokens;
+   :func:`dapo.rewards.score_integer_answer`; the sampler counts the informative groups of all
+   ranks after each round, stops every rank together at ``train_groups`` (or the round limit)
+   and hands each rank ``train_groups / world`` of them, balanced by tokens;
 2. the engine sleeps; the trainer recomputes the sampling policy's log-probs of the kept
    responses (``old_logp``; the engine's stay as ``rollout_logp`` for the mismatch metric
-   and TIS weights);
+   and the importance weights);
 3. :func:`dapo.update` runs the optimizer steps, exact across micro-batches and ranks;
 4. the learning-rate schedule steps (linear warm-up, then constant), the engine wakes and
    receives the new weights; metrics go to JSONL (and accelerate trackers);
 5. periodic evaluation and checkpoints.
+
+Disaggregated, the run's ranks are learners only: ``rollout.generators`` processes generate
+(:class:`scale.disaggregated.GeneratorPool`), batch ``s`` sampled by policy version
+``max(0, s - 1 - rollout.max_staleness)`` while the learners train the steps before it; rank 0
+receives each batch, checks its staleness and sends each rank its share; after each step every
+rank takes part in publishing the new version (steps 2-4 otherwise as above).
 """
 
 from __future__ import annotations
@@ -24,7 +36,6 @@ import json
 import math
 import time
 import warnings
-import zlib
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -33,23 +44,23 @@ from typing import Any
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from dapo import DataParallel, RolloutBatch, config_reward, update
+from dapo import DataParallel, RolloutBatch, update
 from dapo.health.callback import HealthMonitor
 from dapo.health.knobs import from_config
-from dapo.rewards import score_integer_answer
 from dapo.sampling import SamplingWarning
 
+from . import bridge, heartbeat
 from . import checkpoint as ckpt
-from . import heartbeat
 from .config import RunConfig
 from .data import DataError, ProblemSet, PromptStream, contamination, prepare_problems
-from .engines import Generation, make_engine
+from .disaggregated import GeneratorPool, weights_header
+from .engines import make_engine
 from .evaluation import ProblemResult, canonical_prediction, eval_line, summarize
+from .generator import Generator, batch_state, empty_groups, from_state, seed_from
 from .policy import Policy, response_logp, token_budget_splitter
-from .rollout import GlobalDynamicSampler, round_digest
 from .sharding import build_policy, clip_grad_norm, dtype
 from .stage import CONFIG_FILES, MODEL_FILES, is_hub_id
-from .sync import SyncStats, sync
+from .sync import MIB, SyncStats, stream_weights, sync
 from .topology import Comm, Ranks, all_max, barrier, make_accelerator, start_wait_reports, waiting_for
 
 
@@ -81,11 +92,6 @@ def tracker_config(config: dict[str, Any]) -> dict[str, int | float | str | bool
 def _labelled_barrier(what: str) -> None:
     with waiting_for(what):
         barrier()
-
-
-def _seed(*parts: Any) -> int:
-    """A stable 31-bit seed from run coordinates (rank, step, round...)."""
-    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
 PER_RANK_METRICS = ("time/", "sync/")
@@ -242,6 +248,8 @@ class Trainer:
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0
         )
         self.step = 0
+        self.held: dict[int, list[dict[str, Any]]] = {}
+        """Disaggregated, rank 0: batches generated ahead of the step (in flight)."""
         self.totals = {"responses": 0.0, "tokens": 0.0, "optimizer_steps": 0.0, "skipped_steps": 0.0}
 
         if resume_from is not None:
@@ -253,8 +261,20 @@ class Trainer:
                 f"{self.out} holds a previous run (checkpoints or metrics.jsonl); continue it "
                 "with --resume auto, or choose another output.dir"
             )
-        self.engine = self._make_engine()
-        self._sync_engine()
+        self.engine = self.gen = self.pool = None
+        if not cfg.disaggregated:
+            self.engine = self._make_engine()
+            self.gen = Generator(
+                cfg,
+                tokenizer=self.tokenizer,
+                prompt_ids=self._prompt_ids,
+                stream=self.stream,
+                engine=self.engine,
+                ranks=self.ranks,
+                comm=self.comm,
+                trace=self._trace if cfg.output.trace_rollouts else None,
+            )
+            self._sync_engine()
         if self.acc.is_main_process:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
@@ -292,6 +312,57 @@ class Trainer:
             device=self.acc.device,
             bucket_mb=r.sync_bucket_mb,
         )
+
+    def _ensure_pool(self, end: int) -> None:
+        """Disaggregated: generator processes for the batches up to step ``end`` and the k after
+        it (in flight at the checkpoint of step ``end``), starting after the batches held."""
+        c = self.cfg
+        k = c.rollout.max_staleness
+        last = min(end + k, c.train.steps)
+        if self.pool is not None:
+            if self.pool.last >= last:
+                return
+            self.pool.close()
+            if self.rank == 0:
+                self.held.update(self.pool.received)
+        first = self.step + 1 + all_max(len(self.held), self.acc.device)
+        self.pool = GeneratorPool(
+            c,
+            rank=self.rank,
+            learners=self.world,
+            first=first,
+            last=last,
+            stream_state=self.stream.state_dict()
+            if not self.held
+            else self.held[max(self.held)][-1]["stream"],
+            max_model_len=self.context_len,
+            log=self.log,
+        )
+        if self.rank == 0:
+            self.pool.restore(self.held)
+        self.held = {}
+        self._publish(self.step)
+
+    def _publish(self, version: int) -> dict[str, float]:
+        """Disaggregated: send policy ``version`` to the generators if a batch needs it."""
+        assert self.pool is not None
+        r = self.cfg.rollout
+        dt = dtype(r.dtype)
+        stats = SyncStats()
+        t0 = time.perf_counter()
+        sent = self.pool.publish(
+            version,
+            lambda: stream_weights(
+                self._policy.lm,
+                dtype=dt,
+                device=self.acc.device,
+                bucket_bytes=int(r.sync_bucket_mb * MIB),
+                stats=stats,
+            ),
+            weights_header(self._policy.lm, dt),
+        )
+        stats.seconds = time.perf_counter() - t0
+        return stats.metrics() if sent else {}
 
     def _make_engine(self):
         c = self.cfg
@@ -393,111 +464,80 @@ class Trainer:
         return ps
 
     # ---- rollouts ---------------------------------------------------------------------
-    def _to_batch(self, problems, gens: list[list[Generation]]) -> RolloutBatch:
-        algo = self.cfg.algo
-        g = algo.group_size
-        flat = [(p, x) for p, row in zip(problems, gens) for x in row]
-        b = len(flat)
-        t = max(len(x.token_ids) for _, x in flat)
-        prompts = [self._encode(p.prompt) for p, _ in flat]
-        p_max = max(len(p) for p in prompts)
-        prompt_ids = torch.full((b, p_max), self.pad_id, dtype=torch.long)
-        response_ids = torch.full((b, t), self.pad_id, dtype=torch.long)
-        rollout_logp = torch.zeros(b, t, dtype=torch.float32)
-        for i, ((_prob, gen), pids) in enumerate(zip(flat, prompts)):
-            prompt_ids[i, : len(pids)] = torch.tensor(pids)
-            response_ids[i, : len(gen.token_ids)] = torch.tensor(gen.token_ids)
-            rollout_logp[i, : len(gen.logprobs)] = torch.tensor(gen.logprobs)
-        lengths = torch.tensor([len(x.token_ids) for _, x in flat])
-        truncated = torch.tensor([x.finish_reason == "length" for _, x in flat])
-        texts = self.tokenizer.batch_decode([x.token_ids for _, x in flat], skip_special_tokens=True)
-        correct = torch.tensor([score_integer_answer(txt, p.answer) for txt, (p, _) in zip(texts, flat)])
-        mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)
-        rollout_logp = torch.where(mask, rollout_logp.clamp(max=0.0), torch.zeros_like(rollout_logp))
-        ids = torch.tensor([zlib.crc32(f"{p.source}:{p.row}".encode()) & 0x7FFFFFFF for p, _ in flat])
-        return RolloutBatch(
-            old_logp=rollout_logp.clone(),
-            rollout_logp=rollout_logp,
-            mask=mask,
-            lengths=lengths,
-            truncated=truncated,
-            correct=correct,
-            rewards=config_reward(correct, lengths, algo).float(),
-            group_ids=ids,
-            group_size=g,
-            extras={
-                "prompt_ids": prompt_ids,
-                "prompt_len": torch.tensor([len(p) for p in prompts]),
-                "response_ids": response_ids,
-            },
-        )
-
-    def _empty_groups(self, n_groups: int, t: int) -> RolloutBatch:
-        """Groups with no response token: padding that equalises ranks' batch sizes (zero
-        loss weight, zero gradient, not counted in any metric)."""
-        g = self.cfg.algo.group_size
-        b = n_groups * g
-        return RolloutBatch(
-            old_logp=torch.zeros(b, t),
-            rollout_logp=torch.zeros(b, t),
-            mask=torch.zeros(b, t, dtype=torch.bool),
-            lengths=torch.zeros(b, dtype=torch.long),
-            truncated=torch.zeros(b, dtype=torch.bool),
-            correct=torch.zeros(b, dtype=torch.bool),
-            rewards=torch.zeros(b),
-            group_ids=torch.full((b,), -1, dtype=torch.long),
-            group_size=g,
-            extras={
-                "prompt_ids": torch.full((b, 1), self.pad_id, dtype=torch.long),
-                "prompt_len": torch.ones(b, dtype=torch.long),
-                "response_ids": torch.full((b, t), self.pad_id, dtype=torch.long),
-            },
-        )
-
     def collect(self) -> tuple[RolloutBatch | None, dict[str, float]]:
         """Generation rounds until the informative groups of all ranks fill the batch; this
-        rank's balanced share of it."""
-        c, algo, me = self.cfg, self.cfg.algo, self.ranks
-        sampler = GlobalDynamicSampler(algo, me, self.comm, step=self.step)
-        per_group = c.gen_groups // me.dp_size
+        rank's balanced share of it (colocated), or its share of what the generator processes
+        sent (disaggregated)."""
+        if self.pool is not None:
+            return self._collect_remote()
+        assert self.gen is not None
         t0 = time.perf_counter()
-        while not sampler.done:
-            first = me.dp_rank * per_group
-            problems = self.stream.take(c.gen_groups)[first : first + per_group]
-            prompts = [self._encode(p.prompt) for p in problems]
-            # each prompt's seed from its place in the round's global draw, not from the rank:
-            # the same samples on any number of processes (a run resumes on another world size)
-            seed = [_seed(c.rollout.seed, self.step, sampler.rounds, first + i) for i in range(len(prompts))]
-            gens = self.engine.generate(
-                prompts,
-                n=algo.group_size,
-                max_tokens=algo.max_len,
-                temperature=c.rollout.temperature,
-                top_p=c.rollout.top_p,
-                seeds=seed,
-            )
-            digest = round_digest(prompts, seed, [[x.token_ids for x in row] for row in gens])
-            if c.output.trace_rollouts:
-                self._trace(
-                    round=sampler.rounds,
-                    seed=seed,
-                    prompts=[f"{p.source}:{p.row}" for p in problems],
-                    digest=digest,
-                )
-            sampler.add(self._to_batch(problems, gens), digest)
+        sampler = self.gen.rounds(self.step, self.step)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", SamplingWarning)
             batch = sampler.take()
         for w in caught:
             if self.acc.is_main_process:
                 self.log(f"step {self.step + 1}: {w.message}")
-        if c.output.trace_rollouts:  # what this rank trains on
+        if self.cfg.output.trace_rollouts:  # what this rank trains on
             self._trace(
                 share_groups=batch.num_groups if batch is not None else 0,
                 share_tokens=int(batch.mask.sum()) if batch is not None else 0,
             )
         m = sampler.metrics()
         m["time/generate_s"] = time.perf_counter() - t0
+        return batch, m
+
+    def _collect_remote(self) -> tuple[RolloutBatch | None, dict[str, float]]:
+        """Disaggregated: rank 0 takes batch ``step + 1`` from the generators (its staleness
+        checked), splits it as their plan says and sends each learner rank its share."""
+        assert self.pool is not None
+        step = self.step + 1
+        outgoing: dict[int, bytes] = {}
+        m: dict[str, float] = {}
+        if self.rank == 0:
+            msgs, idle = self.pool.take(step)
+            self.stream.load_state_dict(msgs[-1]["stream"])
+            m = dict(msgs[0]["metrics"])
+            for line in msgs[0].get("warnings", []):
+                self.log(f"step {step}: {line}")
+            g = self.cfg.algo.group_size
+            rows: dict[tuple[int, ...], tuple[RolloutBatch, int]] = {}
+            ages = []
+            for msg in msgs:
+                if msg["groups"] is None:
+                    continue
+                b = from_state(msg["groups"])
+                ages.append((step - 1) - b.extras["version"][b.mask].long())
+                for j, key in enumerate(msg["keys"]):
+                    rows[tuple(key)] = (b, j)
+            for dst, keys in enumerate(msgs[0]["plan"]):
+                parts = [
+                    rows[tuple(k)][0].select(
+                        torch.arange(rows[tuple(k)][1] * g, (rows[tuple(k)][1] + 1) * g), group_size=g
+                    )
+                    for k in keys
+                ]
+                if parts:
+                    outgoing[dst] = bridge.dump(batch_state(RolloutBatch.concat(parts)))
+            age = torch.cat(ages) if ages else torch.zeros(0, dtype=torch.long)
+            m["async/staleness_mean"] = float(age.float().mean()) if age.numel() else math.nan
+            m["async/staleness_max"] = float(age.max()) if age.numel() else math.nan
+            m["async/trainer_idle_s"] = idle
+            m["async/generator_idle_s"] = max(float(x["idle_s"]) for x in msgs)
+            m["async/tokens_in_flight"] = float(self.pool.tokens_in_flight())
+            m["time/generate_s"] = max(float(x["generate_s"]) for x in msgs)
+        sizes = self.comm.all_gather(
+            {dst: len(b) for dst, b in outgoing.items()}, f"the batch layout of step {step}"
+        )
+        incoming = {0: sizes[0][self.rank]} if self.rank in sizes[0] else {}
+        got = self.comm.exchange(outgoing, incoming, f"this rank's share of batch {step}")
+        batch = from_state(bridge.load(got[0])) if got else None
+        if self.cfg.output.trace_rollouts:
+            self._trace(
+                share_groups=batch.num_groups if batch is not None else 0,
+                share_tokens=int(batch.mask.sum()) if batch is not None else 0,
+            )
         return batch, m
 
     def _trace_path(self) -> Path:
@@ -529,9 +569,10 @@ class Trainer:
         t_len, need = all_max(t_len, self.acc.device), all_max(have, self.acc.device)
         need = max(need, 1 if per_rank else 0)
         if have < need:
-            pad = self._empty_groups(need - have, t_len)
+            pad = empty_groups(need - have, c.algo.group_size, t_len, self.pad_id)
             batch = pad if batch is None else RolloutBatch.concat([batch, pad])
-        self.engine.sleep()
+        if self.engine is not None:
+            self.engine.sleep()
         t1 = time.perf_counter()
         m.update(
             run_update(
@@ -550,7 +591,7 @@ class Trainer:
             warnings.filterwarnings("ignore", message="Detected call of", category=UserWarning)
             self.scheduler.step()
         t2 = time.perf_counter()
-        m.update(self._sync_engine().metrics())
+        m.update(self._publish(self.step + 1) if self.pool is not None else self._sync_engine().metrics())
         m["time/update_s"] = t2 - t1
         m["time/sync_s"] = time.perf_counter() - t2
         m["time/step_s"] = time.perf_counter() - t0
@@ -572,7 +613,7 @@ class Trainer:
                 temperature=e.temperature,
                 top_p=e.top_p,
                 seeds=[
-                    _seed("eval", self.step, i)
+                    seed_from("eval", self.step, i)
                     for i in range(me.dp_rank, len(self.eval_problems), me.dp_size)
                 ],
             )
@@ -648,6 +689,8 @@ class Trainer:
         from dapo.progress import Progress
 
         # a bar on a terminal; in a redirected log a plain line per step, at most one per 30 s
+        if c.disaggregated:
+            self._ensure_pool(end)
         bar = Progress(end, "dapo train", enabled=self.acc.is_main_process and self.progress, start=self.step)
         while self.step < end:
             m = self._reduce_metrics(self.train_step())
@@ -697,6 +740,8 @@ class Trainer:
             self.heartbeat.stop()
         if (shutdown := getattr(self.engine, "shutdown", None)) is not None:
             shutdown()
+        if self.pool is not None:
+            self.pool.close()
         self.acc.free_memory()
         self.policy = self._policy = self.optimizer = self.scheduler = self.engine = None
 
@@ -720,13 +765,26 @@ class Trainer:
             model=self._policy,
             optimizer=self.optimizer,
             scheduler_state=self.scheduler.state_dict(),
-            rank_state={"rng": ckpt.rng_state(), "stream": self.stream.state_dict()},
+            rank_state=self._rank_state(),
             trainer_state=trainer_state,
             hf_save=hf_save,
             rank=self.rank,
             keep=self.cfg.output.keep_checkpoints,
             barrier=lambda: _labelled_barrier(f"the other ranks' checkpoint step_{self.step}"),
         )
+
+    def _rank_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this rank: its RNG and the prompt stream's position.
+        Disaggregated, rank 0 also keeps the batches in flight (sampled for the k steps after
+        this one by versions the checkpoint no longer holds) and the stream's position after
+        them, where the generators continue."""
+        state: dict[str, Any] = {"rng": ckpt.rng_state(), "stream": self.stream.state_dict()}
+        if self.pool is not None and self.rank == 0:
+            held = self.pool.in_flight(self.step)
+            state["in_flight"] = held
+            if held:
+                state["stream"] = held[max(held)][-1]["stream"]
+        return state
 
     def _resume_point(self, resume: str) -> tuple[Path, dict[str, Any]] | None:
         """The checkpoint ``--resume`` names and its trainer state (None: nothing to resume);
@@ -741,6 +799,14 @@ class Trainer:
                 f"--resume: {path} was written with train.sharding={written} and this run has "
                 f"train.sharding={self.cfg.train.sharding}; resume it with train.sharding={written}"
             )
+        k = self.cfg.rollout.max_staleness
+        written_k = state.get("config", {}).get("rollout", {}).get("max_staleness", 0)
+        if written_k != k:
+            raise ckpt.ResumeError(
+                f"--resume: {path} was written with rollout.max_staleness={written_k} and this run has "
+                f"{k}: the batches in flight at a checkpoint belong to its k; resume it with "
+                f"rollout.max_staleness={written_k}"
+            )
         return path, state
 
     def _resume(self, path: Path, state: dict[str, Any]) -> None:
@@ -754,6 +820,8 @@ class Trainer:
             ckpt.set_rng_state(mine["rng"])
         self.stream.load_state_dict(mine["stream"])
         self.step = int(state["step"])
+        if self.cfg.disaggregated and self.rank == 0:
+            self.held = {int(b): msgs for b, msgs in mine.get("in_flight", {}).items()}
         self.totals = {k: float(v) for k, v in state["totals"].items()}
         moved = (
             f" (written by {written} processes, resharded onto {self.world})" if written != self.world else ""

@@ -65,6 +65,10 @@ def test_data_chat_template_path_and_cache_dir(tmp_path):
         ("model.dtype=int8", "model.dtype"),
         ("diagnose.every_steps=-1", "diagnose.every_steps"),
         ("diagnose.every=5", "diagnose.every"),
+        ("rollout.mode=async", "rollout.mode"),
+        ("rollout.max_staleness=2", "rollout.max_staleness"),  # colocated: nothing to overlap
+        ("rollout.max_staleness=-1", "rollout.max_staleness"),
+        ("rollout.correction=tis", "rollout.correction"),
     ],
 )
 def test_bad_values_name_the_field(override, field):
@@ -126,3 +130,30 @@ def test_the_config_reaches_trackers_as_flat_scalars():
     from torch.utils.tensorboard.summary import hparams
 
     hparams(flat, {})  # what accelerate's tensorboard tracker calls
+
+
+def test_disaggregated_placement_rules_and_default_correction():
+    dis = ["rollout.mode=disaggregated", "eval.every=0"]
+    with pytest.raises(ConfigError, match="generators hold older policy versions") as err:
+        load("tiny-cpu", ["rollout.mode=disaggregated"])
+    assert err.value.field == "eval.every"
+    with pytest.raises(ConfigError, match="not divisible by rollout.generators=4") as err:
+        load("tiny-cpu", [*dis, "rollout.generators=4"])  # 6 prompts per round
+    assert err.value.field == "rollout.gen_groups"
+    with pytest.raises(ConfigError) as err:
+        load("tiny-cpu", [*dis, "rollout.generators=0"])
+    assert err.value.field == "rollout.generators"
+    with pytest.raises(ConfigError, match="tensor-parallel generator"):
+        load("tiny-cpu-fsdp", [*dis])
+    # k > 0: the algo section's own correction stays (the tiny preset: token TIS at 2) ...
+    cfg = load("tiny-cpu", [*dis, "rollout.max_staleness=2"])
+    assert (cfg.algo.tis_cap, cfg.algo.is_level) == (2.0, "token")
+    # ... without one, sequence-level TIS; a preset name replaces it; keep leaves it as written
+    cfg = load("tiny-cpu", [*dis, "rollout.max_staleness=2", "algo.tis_cap=null"])
+    assert (cfg.algo.tis_cap, cfg.algo.is_level) == (2.0, "sequence")
+    cfg = load("tiny-cpu", [*dis, "rollout.max_staleness=1", "rollout.correction=icepop"])
+    assert (cfg.algo.tis_cap, cfg.algo.is_lower) == (5.0, 0.5)
+    cfg = load("tiny-cpu", [*dis, "rollout.max_staleness=1", "algo.tis_cap=null", "rollout.correction=keep"])
+    assert cfg.algo.tis_cap is None and cfg.algo.rejection is None
+    cfg = load("tiny-cpu", [*dis, "algo.tis_cap=null"])  # k = 0: on-policy, nothing to correct
+    assert cfg.algo.tis_cap is None

@@ -413,3 +413,159 @@ def test_per_prompt_seeds_make_samples_independent_of_the_batch(tiny):
     assert together == gen(prompts[:2], seeds[:2]) + gen(prompts[2:], seeds[2:])
     assert together == gen(prompts[::-1], seeds[::-1])[::-1]
     assert together != gen(prompts, [s + 100 for s in seeds])  # the seed matters
+
+
+# ---- disaggregated placement: generator processes, bounded staleness ---------------------------
+
+DISAGG = ("rollout.engine=hf", "eval.every=0", "rollout.mode=disaggregated", "rollout.generators=2")
+
+
+def _generator_pids(run_dir):
+    """The generator processes of the run writing to ``run_dir`` (from /proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if "scale.generator" in args and str(run_dir) in args:
+            found[int(args[args.index("--index") + 1])] = int(entry.name)
+    return found
+
+
+def test_disaggregated_k0_equals_colocated(tiny, tmp_path):
+    """Two generator processes with their own engines (their own copy of the model, loaded with
+    every version the learner publishes) and staleness 0 train exactly what one colocated
+    process trains: the same samples (each prompt's seed from its place in the global draw),
+    the same dynamic-sampling decisions, the same update, every metric to 1e-6."""
+    colo, dis = tmp_path / "colo", tmp_path / "dis"
+    base = ["train", "--config", "tiny-cpu"]
+    r = run_cli(base + overrides(tiny, colo, "rollout.engine=hf", "eval.every=0"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_cli(base + overrides(tiny, dis, *DISAGG))
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = metrics(colo), metrics(dis)
+    assert [m["step"] for m in b] == [1, 2, 3]
+    for x, y in zip(a, b):
+        assert {k for k in y if k.startswith("async/")} == {
+            "async/staleness_mean",
+            "async/staleness_max",
+            "async/generator_idle_s",
+            "async/trainer_idle_s",
+            "async/tokens_in_flight",
+        }
+        assert y["async/staleness_max"] == 0
+        drop = ("sync/", "async/")
+        assert_same(
+            {k: v for k, v in comparable(x).items() if not k.startswith(drop)},
+            {k: v for k, v in comparable(y).items() if not k.startswith(drop)},
+        )
+    assert (dis / "generator0.log").is_file() and (dis / "generator1.log").is_file()
+    assert _generator_pids(dis) == {}  # the generators ended with the run
+
+
+def test_disaggregated_k2_generator_killed_then_resumed_equals_uninterrupted(tiny, tmp_path):
+    """k = 2: batch s is sampled by version max(0, s - 3), so tokens are exactly min(s - 1, 2)
+    versions old (checked on every token before training, and logged). A generator killed
+    mid-run ends the run with one line naming it (exit 4); ``--resume auto`` continues from
+    the last checkpoint, which holds the batches that were in flight (sampled by versions it no
+    longer has), and the resumed run logs exactly the uninterrupted run's metrics."""
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    base = ["train", "--config", "tiny-cpu"]
+    opts = (*DISAGG, "rollout.max_staleness=2", "train.steps=6")
+    r = run_cli(base + overrides(tiny, full, *opts))
+    assert r.returncode == 0, r.stderr[-3000:]
+    ref = metrics(full)
+    assert [m["async/staleness_max"] for m in ref] == [0, 1, 2, 2, 2, 2]
+    assert [m["async/staleness_mean"] for m in ref] == [0, 1, 2, 2, 2, 2]
+    cfg = json.loads((full / "config.json").read_text())
+    assert cfg["algo"]["tis_cap"] == 2.0  # the preset's own correction kept (rollout.correction: auto)
+
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dapo.cli", *base, *overrides(tiny, cut, *opts)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    import time
+
+    deadline = time.monotonic() + 300
+    while not (cut / "checkpoints" / "step_000001").is_dir() and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.1)
+    pids = _generator_pids(cut)
+    assert set(pids) == {0, 1}
+    os.kill(pids[0], 9)  # batch 6 needs version 3: generator 0 cannot have finished its work
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 4, err[-3000:]
+    assert "generator 0 exited with status -9" in err and "Traceback" not in err, err[-3000:]
+    assert "resume with --resume auto" in err
+    r = run_cli(base + overrides(tiny, cut, *opts) + ["--resume", "auto"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stdout + r.stderr
+    resumed = metrics(cut)
+    assert [m["step"] for m in resumed] == [1, 2, 3, 4, 5, 6]
+    for x, y in zip(ref, resumed):
+        assert_same(
+            {k: v for k, v in comparable(x).items() if not k.startswith(("sync/", "async/"))},
+            {k: v for k, v in comparable(y).items() if not k.startswith(("sync/", "async/"))},
+        )
+    # a checkpoint holds its k's batches in flight: another k cannot continue it
+    r = run_cli(
+        base
+        + overrides(tiny, cut, *opts[:-2], "rollout.max_staleness=1", "train.steps=7")
+        + ["--resume", "auto"]
+    )
+    assert r.returncode == 2 and "rollout.max_staleness=2" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_two_learners_and_two_generators_equal_one_learner(tiny, tmp_path):
+    """torchrun with 2 learner ranks (DDP) and 2 generator processes, k = 1: rank 0 splits each
+    batch as the generators planned and the update is the one 1 learner makes (to 1e-4, sums
+    taken in another order); the learners' ranks never wait for the generators' collectives."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    opts = (*DISAGG, "rollout.max_staleness=1", "train.steps=3", "algo.mini_batch_groups=4")
+    r = run_cli(["train", "--config", "tiny-cpu", *overrides(tiny, one, *opts)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+        "DAPO_DIST_TIMEOUT_S": "120",
+    }
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "dapo.cli",
+            "train",
+            "--config",
+            "tiny-cpu",
+            "--quiet",
+            *overrides(tiny, two, *opts),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    skip = ("sync/", "async/", "sampling/rank_token_imbalance")
+    for x, y in zip(metrics(one), metrics(two)):
+        assert_same(
+            {k: v for k, v in comparable(x).items() if not k.startswith(skip)},
+            {k: v for k, v in comparable(y).items() if not k.startswith(skip)},
+            tol=1e-4,
+        )

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 
 from dapo import PRESETS
 from dapo.offpolicy import CORRECTIONS, correction_fields
+from dapo.pipeline import simulate
 
 from .check import MODES
 from .experiment import (
@@ -262,17 +263,9 @@ CLOCK_TRAIN = (0.5, 1.0, 2.0)
 
 def pipeline_time(gen: Sequence[float], train: float, k: int) -> list[float]:
     """Finish time of each training step when one generator and one trainer overlap with
-    at most ``k`` versions between them: the generator starts step s's batch once the
-    trainer has finished step s - k - 1 (its weights are version s - k) and its own
-    previous batch; the trainer starts step s when it has finished step s - 1 and batch s
-    is ready. k = 0 is the synchronous loop (generate, then train)."""
-    g_end: list[float] = []
-    t_end: list[float] = []
-    for s, g in enumerate(gen):
-        ready = t_end[s - k - 1] if s - k - 1 >= 0 else 0.0
-        g_end.append(max(g_end[-1] if g_end else 0.0, ready) + g)
-        t_end.append(max(t_end[-1] if t_end else 0.0, g_end[-1]) + train)
-    return t_end
+    at most ``k`` versions between them (:func:`dapo.pipeline.simulate`, the clock the
+    full-regime trainer runs on): k = 0 is the synchronous loop (generate, then train)."""
+    return simulate(gen, train, k).trained
 
 
 def generation_times(log: Log, partial: bool) -> list[float]:

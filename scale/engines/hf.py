@@ -1,5 +1,6 @@
-"""transformers ``generate`` as a rollout engine, for machines without vLLM. It samples from
-the trainer's own module, so no weight sync is needed."""
+"""transformers ``generate`` as a rollout engine, for machines without vLLM. Colocated, it
+samples from the trainer's own module, so no weight sync is needed; in a generator process
+(``owns=True``) it holds its own copy, loaded tensor by tensor at each sync."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from .base import Generation, check_generations
+from .base import EngineError, Generation, check_generations
 
 
 class HFEngine:
-    def __init__(self, model: torch.nn.Module, eos_id: int, pad_id: int, batch_prompts: int = 64):
+    def __init__(
+        self, model: torch.nn.Module, eos_id: int, pad_id: int, batch_prompts: int = 64, owns: bool = False
+    ):
         self.model = model
+        self.owns = owns
         self.eos_id = eos_id
         self.pad_id = pad_id
         self.batch_prompts = batch_prompts
@@ -85,8 +89,22 @@ class HFEngine:
             )
         return [gens[i * n : (i + 1) * n] for i in range(len(prompts))]
 
+    @torch.no_grad()
     def sync_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        """Nothing to do: the engine samples from the trainer's module."""
+        """Colocated: nothing to do (the engine samples from the trainer's module). Owning its
+        model: copy each tensor in; every tensor of the model must arrive."""
+        if not self.owns:
+            return
+        state = self.model.state_dict()
+        seen = set()
+        for name, t in named_tensors:
+            if name not in state:
+                raise EngineError(f"weight sync: the model has no tensor {name!r}")
+            state[name].copy_(t.to(state[name].device, state[name].dtype))
+            seen.add(name)
+        missing = sorted(set(state) - seen)
+        if missing:
+            raise EngineError(f"weight sync left {len(missing)} tensor(s) stale, e.g. {missing[0]}")
 
     def sleep(self) -> None:
         pass

@@ -1,0 +1,94 @@
+"""Bounded staleness between generation and training: which policy version samples which
+batch, and what the overlap buys (pure; no processes, no clocks).
+
+Versions count training steps: version 0 is the initial policy, version ``v`` the policy
+after step ``v``. Step ``s`` (from 1) trains on batch ``s``. With at most ``k`` versions
+between the sampler and the learner, batch ``s`` is sampled by
+
+    v(s) = max(0, s - 1 - k)                                           (behaviour version)
+
+so the learner, which holds version ``s - 1`` when it trains step ``s``, trains on tokens
+exactly ``min(k, s - 1)`` versions old. ``k = 0`` is the synchronous loop (generate with the
+current weights, then train); ``k = 1`` is verl's one-step-off pipeline. The version is a
+function of the step alone, never of timing, so a run is the same whatever the speed of its
+processes, and a checkpoint after step ``s`` that holds batches ``s+1 .. s+k`` (sampled by
+versions ``s-k .. s-1``, which the checkpoint no longer has) resumes exactly: the next batch
+to sample, ``s + k + 1``, needs version ``s``, the checkpoint's own weights.
+
+:func:`simulate` is the clock of that pipeline (one generator side, one learner side): the
+generator starts batch ``s`` once its previous batch is done and version ``v(s)`` exists;
+the learner starts step ``s`` once step ``s - 1`` is done and batch ``s`` has arrived, and
+publishes its weights after each step. It is what the planner and the benchmarks compare
+against, and the toys' simulated clock (:mod:`toybench.off_policy`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def behaviour_version(step: int, k: int) -> int:
+    """The policy version that samples the batch of training step ``step`` (from 1)."""
+    if step < 1 or k < 0:
+        raise ValueError(f"step must be >= 1 and k >= 0 (got step={step}, k={k})")
+    return max(0, step - 1 - k)
+
+
+def staleness(step: int, k: int) -> int:
+    """Versions between the sampler of batch ``step`` and the learner that trains it."""
+    return step - 1 - behaviour_version(step, k)
+
+
+def versions_needed(first: int, last: int, k: int) -> range:
+    """The policy versions that batches ``first .. last`` are sampled by (consecutive)."""
+    if last < first:
+        return range(0)
+    return range(behaviour_version(first, k), behaviour_version(last, k) + 1)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What :func:`simulate` found; times in the unit of its inputs."""
+
+    generated: list[float]
+    """When each batch was ready."""
+    trained: list[float]
+    """When each training step (and the weight sync after it) ended."""
+    generator_idle: float
+    """Time the generator side waited for weights."""
+    learner_idle: float
+    """Time the learner waited for batches."""
+
+    @property
+    def total(self) -> float:
+        return self.trained[-1] if self.trained else 0.0
+
+
+def simulate(
+    generate: Sequence[float], train: Sequence[float] | float, k: int, sync: float = 0.0
+) -> Timeline:
+    """The clock of ``len(generate)`` steps: ``generate[i]`` is the generation time of batch
+    ``i + 1``, ``train`` the time of a training step (one value or one per step), ``sync`` the
+    learner's time to publish a version after its step. ``k = 0`` is generate-then-train;
+    colocated (one set of devices for both) is ``k = 0`` by construction."""
+    n = len(generate)
+    steps = [float(train)] * n if isinstance(train, (int, float)) else [float(t) for t in train]
+    if len(steps) != n:
+        raise ValueError(f"{len(steps)} training times for {n} batches")
+    g_end: list[float] = []
+    t_end: list[float] = []
+    g_idle = l_idle = 0.0
+    for i in range(n):
+        v = behaviour_version(i + 1, k)
+        weights_at = t_end[v - 1] if v >= 1 else 0.0  # version v exists once step v has ended
+        free_at = g_end[-1] if g_end else 0.0
+        g_idle += max(0.0, weights_at - free_at)
+        g_end.append(max(free_at, weights_at) + generate[i])
+        prev = t_end[-1] if t_end else 0.0
+        l_idle += max(0.0, g_end[-1] - prev)
+        t_end.append(max(prev, g_end[-1]) + steps[i] + sync)
+    return Timeline(g_end, t_end, g_idle, l_idle)
+
+
+__all__ = ["Timeline", "behaviour_version", "simulate", "staleness", "versions_needed"]

@@ -1,0 +1,270 @@
+"""The learner's side of a disaggregated run: its generator processes, as one pool.
+
+On the learner's rank 0, :class:`GeneratorPool` starts ``rollout.generators`` processes
+(:func:`scale.generator.main`), hosts the bridge's store (:mod:`scale.bridge`), tells each
+generator where to start (first and last batch, the prompt stream's position, k), receives
+their batches in a thread that does nothing else, and publishes each policy version the
+generators will need. Every learner rank calls :meth:`publish` (under FSDP2 each takes part in
+gathering the full tensors); only rank 0 sends.
+
+Staleness is a function of the step (:mod:`dapo.pipeline`): batch ``s`` is sampled by
+version ``max(0, s - 1 - k)``. :meth:`take` checks it on every token before the learner
+trains on it. A checkpoint after step ``s`` holds batches ``s+1 .. s+k`` (:meth:`in_flight`),
+sampled by versions the checkpoint no longer holds; resumed, the pool starts the generators
+at batch ``s + k + 1``, which version ``s`` (the checkpoint's own) samples: the run continues
+exactly as if it had not stopped.
+
+A generator process that exits before its work is done ends the run with one line naming it
+and its log (:class:`scale.engines.EngineError`, exit status 4 of ``dapo train``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dapo.pipeline import behaviour_version, versions_needed
+
+from . import bridge
+from .config import RunConfig
+from .engines import EngineError
+
+
+class StalenessError(RuntimeError):
+    """A batch arrived with tokens older than ``rollout.max_staleness`` allows (a bug)."""
+
+
+def _host() -> str:
+    """Where the generators reach the learner's rank 0: its node's address under torchrun
+    (``MASTER_ADDR`` is rank 0's node), else this machine."""
+    return os.environ.get("DAPO_BRIDGE_ADDR") or os.environ.get("MASTER_ADDR") or socket.gethostname()
+
+
+class GeneratorPool:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        *,
+        rank: int,
+        learners: int,
+        first: int,
+        last: int,
+        stream_state: dict[str, int],
+        max_model_len: int,
+        log: Callable[[str], None] = print,
+    ):
+        self.cfg = cfg
+        self.k = cfg.rollout.max_staleness
+        self.rank = rank
+        self.first, self.last = first, last
+        self.log = log
+        self.n = cfg.rollout.generators
+        self.received: dict[int, list[dict[str, Any]]] = {}
+        self.cond = threading.Condition()
+        self.error: BaseException | None = None
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.weights: bridge.Group | None = None
+        self.published: set[int] = set()
+        if rank != 0 or first > last:
+            return
+        out = Path(cfg.output.dir)
+        timeout = cfg.train.dist_timeout_s
+        host = _host()
+        kv = bridge.store("0.0.0.0", 0, is_master=True, members=self.n + 1, timeout_s=timeout)
+        for i in range(self.n):
+            self.procs.append(self._spawn(out, host, kv.port, i))
+        batches = bridge.group(kv, "batches", 0, self.n + 1, timeout)
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self.weights = bridge.group(kv, "weights", 0, self.n + 1, timeout, backend=backend)
+        self._store = kv
+        hello = {
+            "first": first,
+            "last": last,
+            "k": self.k,
+            "learners": learners,
+            "stream": stream_state,
+            "max_model_len": max_model_len,
+        }
+        try:
+            for i in range(self.n):
+                batches.send(hello, i + 1, f"generator {i} to start")
+        except Exception:
+            self._blame_generator()
+            raise
+        self.thread = threading.Thread(
+            target=self._receive, args=(batches,), name="dapo-batches", daemon=True
+        )
+        self.thread.start()
+
+    def _spawn(self, out: Path, host: str, port: int, i: int) -> subprocess.Popen[bytes]:
+        log = open(out / f"generator{i}.log", "ab")
+        cmd = [
+            sys.executable,
+            "-m",
+            "scale.generator",
+            "--run-dir",
+            str(out),
+            "--addr",
+            host,
+            "--port",
+            str(port),
+            "--index",
+            str(i),
+            "--count",
+            str(self.n),
+        ]
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK"):
+            env.pop(var, None)  # a generator is not a rank of the learner's group
+        if torch.cuda.is_available():  # the GPUs after the learner's on this node
+            first_gpu = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            env["CUDA_VISIBLE_DEVICES"] = str(first_gpu + i)
+        root = Path(__file__).resolve().parents[1]
+        env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+        )
+
+    def _receive(self, batches: bridge.Group) -> None:
+        try:
+            for b in range(self.first, self.last + 1):
+                parts = [batches.recv(i + 1, f"generator {i}'s batch {b}") for i in range(self.n)]
+                with self.cond:
+                    self.received[b] = parts
+                    self.cond.notify_all()
+        except BaseException as err:
+            with self.cond:
+                self.error = err
+                self.cond.notify_all()
+
+    def _check(self) -> None:
+        for i, p in enumerate(self.procs):
+            rc = p.poll()
+            if rc not in (None, 0):
+                log = Path(self.cfg.output.dir) / f"generator{i}.log"
+                tail = (
+                    [x for x in log.read_text(errors="replace").splitlines() if x.strip()][-1:]
+                    if log.is_file()
+                    else []
+                )
+                said = f": {tail[0][:300]}" if tail else ""
+                raise EngineError(f"generator {i} exited with status {rc} (see {log}){said}")
+        if self.error is not None:
+            raise EngineError(f"receiving batches from the generators failed: {self.error}")
+
+    def wait_for(self, batch: int) -> float:
+        """Block until ``batch`` has arrived (rank 0); the seconds waited."""
+        t0 = time.perf_counter()
+        with self.cond:
+            while batch not in self.received:
+                self._check()
+                self.cond.wait(1.0)
+        return time.perf_counter() - t0
+
+    def take(self, step: int) -> tuple[list[dict[str, Any]], float]:
+        """Batch ``step``'s messages, one per generator (rank 0), and the seconds waited."""
+        idle = self.wait_for(step)
+        with self.cond:
+            parts = self.received.pop(step)
+        want = behaviour_version(step, self.k)
+        for p in parts:
+            if p["version"] != want:
+                raise StalenessError(f"batch {step} was sampled by version {p['version']}, not {want}")
+            groups = p["groups"]
+            if groups is not None:
+                v = groups["extras"]["version"][groups["mask"]]
+                if v.numel() and (int(v.min()) < step - 1 - self.k or int(v.max()) > step - 1):
+                    raise StalenessError(
+                        f"batch {step} holds tokens of versions {int(v.min())}..{int(v.max())}; "
+                        f"the learner at version {step - 1} allows {step - 1 - self.k}.. with "
+                        f"rollout.max_staleness={self.k}"
+                    )
+        return parts, idle
+
+    def tokens_in_flight(self) -> int:
+        with self.cond:
+            return sum(
+                int(p["groups"]["lengths"].sum())
+                for parts in self.received.values()
+                for p in parts
+                if p["groups"]
+            )
+
+    def in_flight(self, step: int) -> dict[int, list[dict[str, Any]]]:
+        """After step ``step``: batches ``step+1 .. step+k`` (within the run), waited for (rank 0)."""
+        upto = min(step + self.k, self.last)
+        for b in range(step + 1, upto + 1):
+            self.wait_for(b)
+        with self.cond:
+            return {b: self.received[b] for b in range(step + 1, upto + 1)}
+
+    def restore(self, held: dict[int, list[dict[str, Any]]]) -> None:
+        with self.cond:
+            self.received.update(held)
+
+    def publish(
+        self, version: int, named: Callable[[], Iterator[tuple[str, torch.Tensor]]], header: list[Any]
+    ) -> bool:
+        """Send policy ``version`` to the generators if a batch still to sample needs it
+        (every learner rank calls this; ``named`` gathers the full tensors)."""
+        if version not in versions_needed(self.first, self.last, self.k) or version in self.published:
+            return False
+        self.published.add(version)
+        stream = named()
+        if self.weights is None:  # the learner's other ranks: take part in gathering only
+            for _ in stream:
+                pass
+            return True
+        try:
+            bridge.send_weights(self.weights, version, stream, header)
+        except Exception:
+            self._blame_generator()
+            raise
+        return True
+
+    def _blame_generator(self, wait_s: float = 10.0) -> None:
+        """After a failed exchange: if a generator process has died, say so (it is the cause)."""
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end and all(p.poll() is None for p in self.procs):
+            time.sleep(0.2)
+        self._check()
+
+    def close(self, timeout_s: float = 120.0) -> None:
+        """Wait for the generators to finish (they stop after the last batch); kill any left."""
+        end = time.monotonic() + timeout_s
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs = []
+
+
+def _die_with_parent() -> None:
+    """A generator ends with the learner's rank 0 that started it (Linux: PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def weights_header(lm: torch.nn.Module, dtype: torch.dtype) -> list[tuple[str, list[int], str]]:
+    """Name, full shape and engine dtype of each tensor :func:`scale.sync.stream_weights`
+    yields, in its order."""
+    return [(n, list(t.shape), str(dtype).removeprefix("torch.")) for n, t in lm.state_dict().items()]
+
+
+__all__ = ["GeneratorPool", "StalenessError", "weights_header"]

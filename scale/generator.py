@@ -1,0 +1,355 @@
+"""The generator side of the full regime: prompts, engine, generation rounds, dynamic sampling.
+
+:class:`Generator` is one rollout group's role, the same in both placements
+(``rollout.mode``):
+
+* **colocated** (:class:`scale.trainer.Trainer`): every rank of the run generates with its
+  engine, then trains; the generator's rounds and the learner's update alternate;
+* **disaggregated**: separate processes generate (:func:`main`, started by the learner's
+  rank 0), each with its own engine, while the learner's ranks train. Batch ``s`` is sampled
+  by policy version :func:`dapo.pipeline.behaviour_version` ``(s, rollout.max_staleness)``
+  whatever the timing; the generators take each version from the learner over the bridge
+  (:mod:`scale.bridge`) into host memory as soon as it is published, load it into the engine
+  when a batch needs it, decide dynamic sampling together over their own group, and send
+  their kept groups and the learners' plan to the learner's rank 0.
+
+Every token of a batch carries the version that sampled it (``extras["version"]``), so the
+learner can check the staleness bound and report it (``async/*``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import warnings
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dapo import RolloutBatch, config_reward
+from dapo.pipeline import behaviour_version, versions_needed
+from dapo.rewards import score_integer_answer
+from dapo.sampling import SamplingWarning
+
+from .config import RunConfig
+from .data import PromptStream
+from .engines import Generation
+from .rollout import GlobalDynamicSampler, round_digest
+from .topology import Ranks
+
+
+def seed_from(*parts: Any) -> int:
+    """A stable 31-bit seed from run coordinates (rank, step, round...)."""
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+class Generator:
+    """One rollout group's generation: each round takes its slice of the global prompt draw,
+    samples ``group_size`` responses per prompt (each prompt's seed from its place in the
+    draw, so the samples are the same on any number of engines), scores them and hands them to
+    the global dynamic sampler."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        *,
+        tokenizer: Any,
+        prompt_ids: dict[str, list[int]],
+        stream: PromptStream,
+        engine: Any,
+        ranks: Ranks,
+        comm: Any,
+        trace: Callable[..., None] | None = None,
+    ):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.prompt_ids = prompt_ids
+        self.stream = stream
+        self.engine = engine
+        self.ranks = ranks
+        self.comm = comm
+        self.trace = trace
+        self.pad_id = tokenizer.pad_token_id
+
+    def encode(self, prompt: str) -> list[int]:
+        """A prompt's token ids, as :func:`scale.data.prepare_problems` encoded them."""
+        return self.prompt_ids[prompt]
+
+    def rounds(self, step: int, version: int) -> GlobalDynamicSampler:
+        """Generation rounds for training step ``step + 1`` with policy ``version`` until the
+        informative groups of every rollout group fill the batch (or the round limit)."""
+        c, algo, me = self.cfg, self.cfg.algo, self.ranks
+        sampler = GlobalDynamicSampler(algo, me, self.comm, step=step)
+        per_group = c.gen_groups // me.dp_size
+        while not sampler.done:
+            first = me.dp_rank * per_group
+            problems = self.stream.take(c.gen_groups)[first : first + per_group]
+            prompts = [self.encode(p.prompt) for p in problems]
+            seed = [seed_from(c.rollout.seed, step, sampler.rounds, first + i) for i in range(len(prompts))]
+            gens = self.engine.generate(
+                prompts,
+                n=algo.group_size,
+                max_tokens=algo.max_len,
+                temperature=c.rollout.temperature,
+                top_p=c.rollout.top_p,
+                seeds=seed,
+            )
+            digest = round_digest(prompts, seed, [[x.token_ids for x in row] for row in gens])
+            if self.trace is not None:
+                self.trace(
+                    round=sampler.rounds,
+                    seed=seed,
+                    prompts=[f"{p.source}:{p.row}" for p in problems],
+                    digest=digest,
+                )
+            sampler.add(self.to_batch(problems, gens, version), digest)
+        return sampler
+
+    def to_batch(self, problems: list[Any], gens: list[list[Generation]], version: int) -> RolloutBatch:
+        algo = self.cfg.algo
+        g = algo.group_size
+        flat = [(p, x) for p, row in zip(problems, gens) for x in row]
+        b = len(flat)
+        t = max(len(x.token_ids) for _, x in flat)
+        prompts = [self.encode(p.prompt) for p, _ in flat]
+        p_max = max(len(p) for p in prompts)
+        prompt_ids = torch.full((b, p_max), self.pad_id, dtype=torch.long)
+        response_ids = torch.full((b, t), self.pad_id, dtype=torch.long)
+        rollout_logp = torch.zeros(b, t, dtype=torch.float32)
+        for i, ((_prob, gen), pids) in enumerate(zip(flat, prompts)):
+            prompt_ids[i, : len(pids)] = torch.tensor(pids)
+            response_ids[i, : len(gen.token_ids)] = torch.tensor(gen.token_ids)
+            rollout_logp[i, : len(gen.logprobs)] = torch.tensor(gen.logprobs)
+        lengths = torch.tensor([len(x.token_ids) for _, x in flat])
+        truncated = torch.tensor([x.finish_reason == "length" for _, x in flat])
+        texts = self.tokenizer.batch_decode([x.token_ids for _, x in flat], skip_special_tokens=True)
+        correct = torch.tensor([score_integer_answer(txt, p.answer) for txt, (p, _) in zip(texts, flat)])
+        mask = torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)
+        rollout_logp = torch.where(mask, rollout_logp.clamp(max=0.0), torch.zeros_like(rollout_logp))
+        ids = torch.tensor([zlib.crc32(f"{p.source}:{p.row}".encode()) & 0x7FFFFFFF for p, _ in flat])
+        return RolloutBatch(
+            old_logp=rollout_logp.clone(),
+            rollout_logp=rollout_logp,
+            mask=mask,
+            lengths=lengths,
+            truncated=truncated,
+            correct=correct,
+            rewards=config_reward(correct, lengths, algo).float(),
+            group_ids=ids,
+            group_size=g,
+            extras={
+                "prompt_ids": prompt_ids,
+                "prompt_len": torch.tensor([len(p) for p in prompts]),
+                "response_ids": response_ids,
+                "version": torch.where(mask, version, 0).to(torch.int32),
+            },
+        )
+
+
+def empty_groups(n_groups: int, group_size: int, t: int, pad_id: int) -> RolloutBatch:
+    """Groups with no response token: padding that equalises ranks' batch sizes (zero loss
+    weight, zero gradient, not counted in any metric)."""
+    b = n_groups * group_size
+    return RolloutBatch(
+        old_logp=torch.zeros(b, t),
+        rollout_logp=torch.zeros(b, t),
+        mask=torch.zeros(b, t, dtype=torch.bool),
+        lengths=torch.zeros(b, dtype=torch.long),
+        truncated=torch.zeros(b, dtype=torch.bool),
+        correct=torch.zeros(b, dtype=torch.bool),
+        rewards=torch.zeros(b),
+        group_ids=torch.full((b,), -1, dtype=torch.long),
+        group_size=group_size,
+        extras={
+            "prompt_ids": torch.full((b, 1), pad_id, dtype=torch.long),
+            "prompt_len": torch.ones(b, dtype=torch.long),
+            "response_ids": torch.full((b, t), pad_id, dtype=torch.long),
+            "version": torch.zeros(b, t, dtype=torch.int32),
+        },
+    )
+
+
+def batch_state(batch: RolloutBatch | None) -> dict[str, Any] | None:
+    """A batch as plain tensors and numbers (for :func:`scale.bridge.dump` and checkpoints)."""
+    if batch is None:
+        return None
+    state = {k: v for k, v in batch.__dict__.items() if k != "extras"}
+    return {**state, "extras": dict(batch.extras)}
+
+
+def from_state(state: dict[str, Any]) -> RolloutBatch:
+    return RolloutBatch(**state)
+
+
+# ---- the generator process of a disaggregated run ----------------------------------------------
+
+
+class _Versions:
+    """Policy versions received from the learner, kept in host memory until the engine needs
+    them (filled by a thread that does nothing but receive)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.held: dict[int, list[tuple[str, torch.Tensor]]] = {}
+        self.error: BaseException | None = None
+
+    def put(self, version: int, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        with self.cond:
+            self.held[version] = tensors
+            self.cond.notify_all()
+
+    def fail(self, err: BaseException) -> None:
+        with self.cond:
+            self.error = err
+            self.cond.notify_all()
+
+    def take(self, version: int) -> list[tuple[str, torch.Tensor]]:
+        """Version ``version``, waiting for it; older versions are dropped."""
+        with self.cond:
+            while version not in self.held:
+                if self.error is not None:
+                    raise RuntimeError(f"receiving policy versions failed: {self.error}") from self.error
+                self.cond.wait(1.0)
+            for v in [v for v in self.held if v < version]:
+                del self.held[v]
+            return self.held[version]
+
+
+def _engine(cfg: RunConfig, index: int, max_model_len: int, tokenizer: Any) -> Any:
+    from .engines import make_engine
+
+    r = cfg.rollout
+    if r.engine == "hf":  # its own copy of the model, loaded with each version
+        from transformers import AutoModelForCausalLM
+
+        from .sharding import dtype
+
+        lm = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype(cfg.model.dtype))
+        return make_engine(
+            "hf", model=lm, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, owns=True
+        )
+    return make_engine(
+        "vllm",
+        model_path=cfg.model.path,
+        dtype=r.dtype,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        kv_cache_gib=r.kv_cache_gib,
+        tensor_parallel=r.tensor_parallel,
+        seed=r.seed + index,
+        sleep_during_training=False,  # a generator never shares its devices with training
+        sync_timeout_s=r.sync_timeout_s,
+        distributed=False,
+        dummy_weights=True,  # the learner's version arrives before the first round
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One generator process of a disaggregated run (started by the learner's rank 0)."""
+    ap = argparse.ArgumentParser(prog="python -m scale.generator")
+    ap.add_argument("--run-dir", required=True, help="the run's output.dir (its config.json)")
+    ap.add_argument("--addr", required=True, help="the bridge's store (the learner's rank 0)")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--index", type=int, required=True, help="this generator, from 0")
+    ap.add_argument("--count", type=int, required=True, help="generators in the run")
+    args = ap.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from . import bridge
+    from .config import from_dict
+    from .data import prepare_problems
+
+    cfg = from_dict(json.loads((Path(args.run_dir) / "config.json").read_text()), source="config.json")
+    i, n = args.index, args.count
+    timeout = cfg.train.dist_timeout_s
+    kv = bridge.store(args.addr, args.port, is_master=False, members=n + 1, timeout_s=timeout)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    batches = bridge.group(kv, "batches", i + 1, n + 1, timeout)
+    peers = bridge.group(kv, "generators", i, n, timeout)
+    weights = bridge.group(kv, "weights", i + 1, n + 1, timeout, backend=backend)
+    hello = batches.recv(bridge.LEARNER, "the learner's start message")
+    first, last, k, learners = hello["first"], hello["last"], hello["k"], hello["learners"]
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    d = cfg.data
+    train = prepare_problems(
+        d.train,
+        split=d.train_split,
+        prompt_key=d.prompt_key,
+        answer_key=d.answer_key,
+        template=d.template,
+        chat_template=d.chat_template,
+        tokenizer=tokenizer,
+        max_prompt_tokens=d.max_prompt_tokens,
+        cache_dir=d.cache_dir,
+        log=lambda _msg: None,
+    )
+    stream = PromptStream(train.problems, seed=d.shuffle_seed)
+    stream.load_state_dict(hello["stream"])
+    versions = _Versions()
+
+    def receive() -> None:
+        try:
+            for _ in versions_needed(first, last, k):
+                versions.put(*bridge.recv_weights(weights))
+        except BaseException as err:  # the main thread reports it
+            versions.fail(err)
+
+    receiver = threading.Thread(target=receive, name="dapo-generator-weights", daemon=True)
+    receiver.start()
+    engine = _engine(cfg, i, hello["max_model_len"], tokenizer)
+    gen = Generator(
+        cfg,
+        tokenizer=tokenizer,
+        prompt_ids=dict(zip((p.prompt for p in train.problems), train.prompt_ids or [])),
+        stream=stream,
+        engine=engine,
+        ranks=Ranks(i, n, 1),
+        comm=bridge.PickledComm(peers),
+    )
+    loaded = -1
+    for b in range(first, last + 1):
+        v = behaviour_version(b, k)
+        t0 = time.perf_counter()
+        tensors = versions.take(v)
+        idle = time.perf_counter() - t0
+        if loaded != v:
+            engine.sync_weights(iter(tensors))
+            loaded = v
+        t1 = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SamplingWarning)
+            sampler = gen.rounds(b - 1, v)
+            keys, mine, plan = sampler.kept(learners)
+        message: dict[str, Any] = {
+            "batch": b,
+            "version": v,
+            "keys": [list(x) for x in keys],
+            "groups": batch_state(mine),
+            "stream": stream.state_dict(),
+            "idle_s": idle,
+            "generate_s": time.perf_counter() - t1,
+        }
+        if i == 0:
+            message["plan"] = [[list(x) for x in part] for part in plan]
+            message["metrics"] = sampler.metrics()
+            message["warnings"] = [str(w.message) for w in caught]
+        batches.send(message, bridge.LEARNER, f"the learner to take batch {b}")
+    receiver.join(timeout)
+    if (shutdown := getattr(engine, "shutdown", None)) is not None:
+        shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    sys.exit(main())
