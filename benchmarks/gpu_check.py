@@ -159,11 +159,11 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     from scale import checkpoint as ckpt
     from scale.config import load
     from scale.engines import make_engine
+    from scale.learner import run_update
     from scale.rollout import GlobalDynamicSampler, round_digest
     from scale.sharding import build_policy, dtype
     from scale.sync import MIB, sync
     from scale.topology import Comm, Ranks, barrier, make_accelerator
-    from scale.trainer import run_update
 
     cuda = torch.cuda.is_available()
     report: dict[str, Any] = {"torch": torch.__version__, "cuda": cuda, "launch_env_set": LAUNCH_SET}

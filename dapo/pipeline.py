@@ -8,7 +8,8 @@ between the sampler and the learner, batch ``s`` is sampled by
     v(s) = max(0, s - 1 - k)                                           (behaviour version)
 
 so the learner, which holds version ``s - 1`` when it trains step ``s``, trains on tokens
-exactly ``min(k, s - 1)`` versions old. ``k = 0`` is the synchronous loop (generate with the
+exactly ``min(k, s - 1)`` versions old. With partial rollouts (:func:`partial_version`) a
+response's tokens after its first segment come from the next version, one fresher. ``k = 0`` is the synchronous loop (generate with the
 current weights, then train); ``k = 1`` is verl's one-step-off pipeline. The version is a
 function of the step alone, never of timing, so a run is the same whatever the speed of its
 processes, and a checkpoint after step ``s`` that holds batches ``s+1 .. s+k`` (sampled by
@@ -40,11 +41,25 @@ def staleness(step: int, k: int) -> int:
     return step - 1 - behaviour_version(step, k)
 
 
-def versions_needed(first: int, last: int, k: int) -> range:
+def partial_version(step: int, k: int) -> int | None:
+    """With partial rollouts, the version that continues batch ``step``'s responses after the
+    first segment: the next one, ``behaviour_version + 1``, which samples the next batch too
+    (versions never go back) and which the learner has before it trains this step (None
+    otherwise: the first k batches, and k = 0). Its tokens are one version fresher, so the
+    bound k still holds for every token."""
+    if k < 1 or step < k + 1:  # the next batch is sampled by the same clamped version 0
+        return None
+    return step - k  # = behaviour_version(step, k) + 1 = behaviour_version(step + 1, k)
+
+
+def versions_needed(first: int, last: int, k: int, partial: bool = False) -> range:
     """The policy versions that batches ``first .. last`` are sampled by (consecutive)."""
     if last < first:
         return range(0)
-    return range(behaviour_version(first, k), behaviour_version(last, k) + 1)
+    top = behaviour_version(last, k)
+    if partial and (p := partial_version(last, k)) is not None:
+        top = p
+    return range(behaviour_version(first, k), top + 1)
 
 
 @dataclass(frozen=True)
@@ -91,4 +106,4 @@ def simulate(
     return Timeline(g_end, t_end, g_idle, l_idle)
 
 
-__all__ = ["Timeline", "behaviour_version", "simulate", "staleness", "versions_needed"]
+__all__ = ["Timeline", "behaviour_version", "partial_version", "simulate", "staleness", "versions_needed"]

@@ -134,6 +134,19 @@ def load(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
+def digest(named: list[tuple[str, torch.Tensor]]) -> str:
+    """A digest of named tensors' names, shapes, dtypes and bytes (the rollout traces: the
+    weights a generator loaded against the ones the learner published)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in named:
+        t = t.detach().contiguous().cpu()
+        h.update(f"{name}:{list(t.shape)}:{t.dtype}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
 class PickledComm:
     """:class:`scale.topology.Comm`'s ``all_gather`` over a :class:`Group` (the generators'
     dynamic sampling). The sampler's ``exchange`` is not used across processes here: the

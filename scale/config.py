@@ -89,6 +89,17 @@ class RolloutConfig:
     generation of the next k batches overlaps training and no token is more than k versions
     old. 0: synchronous. Above 0 needs ``mode: disaggregated``. See the toys' table of
     tolerated staleness (reports/off_policy) before choosing it."""
+    partial: bool = False
+    """Partial rollouts (needs ``max_staleness >= 1``): in each batch, the first round's
+    responses stop after ``partial_tokens`` tokens, the generator loads the next policy version
+    (interrupted by the weight update, as AReaL and verl's fully-async trainer do), and those
+    still running continue under it; every later token of the batch is sampled by that
+    version. Finished tokens keep their version, so long responses train on fresher tokens
+    and the bound k holds for every token. The cut is a token count, not a time, so a run
+    stays reproducible."""
+    partial_tokens: int = 256
+    """Tokens of each response sampled by the batch's own version before the update (the
+    paper's 20k-token runs: a small fraction of the ceiling)."""
     correction: str = "auto"
     """The off-policy correction when ``max_staleness > 0`` (:data:`dapo.offpolicy.CORRECTIONS`):
     ``auto`` keeps the algo section's own correction and, where it sets none, uses ``seq_tis``
@@ -341,6 +352,16 @@ class RunConfig:
             raise ConfigError("rollout.mode", f"must be 'colocated' or 'disaggregated' (got {r.mode!r})")
         if not isinstance(r.max_staleness, int) or r.max_staleness < 0:
             raise ConfigError("rollout.max_staleness", f"must be an integer >= 0 (got {r.max_staleness!r})")
+        if r.partial and r.max_staleness < 1:
+            raise ConfigError(
+                "rollout.partial",
+                "needs rollout.max_staleness >= 1 (the next policy version must exist before the "
+                "learner trains the batch)",
+            )
+        if not isinstance(r.partial_tokens, int) or r.partial_tokens < 1:
+            raise ConfigError(
+                "rollout.partial_tokens", f"must be a positive integer (got {r.partial_tokens!r})"
+            )
         if r.max_staleness and r.mode != "disaggregated":
             raise ConfigError(
                 "rollout.max_staleness",

@@ -216,7 +216,8 @@ class GeneratorPool:
     ) -> bool:
         """Send policy ``version`` to the generators if a batch still to sample needs it
         (every learner rank calls this; ``named`` gathers the full tensors)."""
-        if version not in versions_needed(self.first, self.last, self.k) or version in self.published:
+        needed = versions_needed(self.first, self.last, self.k, self.cfg.rollout.partial)
+        if version not in needed or version in self.published:
             return False
         self.published.add(version)
         stream = named()

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from dapo import RolloutBatch, config_reward
-from dapo.pipeline import behaviour_version, versions_needed
+from dapo.pipeline import behaviour_version, partial_version, versions_needed
 from dapo.rewards import score_integer_answer
 from dapo.sampling import SamplingWarning
 
@@ -82,9 +82,14 @@ class Generator:
         """A prompt's token ids, as :func:`scale.data.prepare_problems` encoded them."""
         return self.prompt_ids[prompt]
 
-    def rounds(self, step: int, version: int) -> GlobalDynamicSampler:
+    def rounds(
+        self, step: int, version: int, switch: Callable[[], int] | None = None
+    ) -> GlobalDynamicSampler:
         """Generation rounds for training step ``step + 1`` with policy ``version`` until the
-        informative groups of every rollout group fill the batch (or the round limit)."""
+        informative groups of every rollout group fill the batch (or the round limit).
+        ``switch`` (partial rollouts): after the first ``rollout.partial_tokens`` tokens of the
+        first round it loads the next version into the engine and returns it; the responses
+        still running continue under it, as does every later round."""
         c, algo, me = self.cfg, self.cfg.algo, self.ranks
         sampler = GlobalDynamicSampler(algo, me, self.comm, step=step)
         per_group = c.gen_groups // me.dp_size
@@ -93,14 +98,8 @@ class Generator:
             problems = self.stream.take(c.gen_groups)[first : first + per_group]
             prompts = [self.encode(p.prompt) for p in problems]
             seed = [seed_from(c.rollout.seed, step, sampler.rounds, first + i) for i in range(len(prompts))]
-            gens = self.engine.generate(
-                prompts,
-                n=algo.group_size,
-                max_tokens=algo.max_len,
-                temperature=c.rollout.temperature,
-                top_p=c.rollout.top_p,
-                seeds=seed,
-            )
+            gens, versions, version = self._sample(prompts, seed, version, switch)
+            switch = None  # the update happens once, in the first round
             digest = round_digest(prompts, seed, [[x.token_ids for x in row] for row in gens])
             if self.trace is not None:
                 self.trace(
@@ -109,10 +108,48 @@ class Generator:
                     prompts=[f"{p.source}:{p.row}" for p in problems],
                     digest=digest,
                 )
-            sampler.add(self.to_batch(problems, gens, version), digest)
+            sampler.add(self.to_batch(problems, gens, versions), digest)
         return sampler
 
-    def to_batch(self, problems: list[Any], gens: list[list[Generation]], version: int) -> RolloutBatch:
+    def _sample(
+        self, prompts: list[list[int]], seeds: list[int], version: int, switch: Callable[[], int] | None
+    ) -> tuple[list[list[Generation]], list[list[list[int]]], int]:
+        """``group_size`` responses per prompt, the version of each of their tokens, and the
+        version the engine holds afterwards."""
+        c, algo = self.cfg, self.cfg.algo
+        n = algo.group_size
+        kw = {"temperature": c.rollout.temperature, "top_p": c.rollout.top_p}
+        budget = c.rollout.partial_tokens
+        if switch is None or budget >= algo.max_len:
+            gens = self.engine.generate(prompts, n=n, max_tokens=algo.max_len, seeds=seeds, **kw)
+            return gens, [[[version] * len(g.token_ids) for g in row] for row in gens], version
+        gens = self.engine.generate(prompts, n=n, max_tokens=budget, seeds=seeds, **kw)
+        versions = [[[version] * len(g.token_ids) for g in row] for row in gens]
+        running = [
+            (i, j) for i, row in enumerate(gens) for j, g in enumerate(row) if g.finish_reason == "length"
+        ]
+        fresh = switch()  # the weight update: the engine now holds the next version
+        if running:
+            more = self.engine.generate(
+                [prompts[i] + gens[i][j].token_ids for i, j in running],
+                n=1,
+                max_tokens=algo.max_len - budget,
+                seeds=[seed_from(seeds[i], j, "continued") for i, j in running],
+                **kw,
+            )
+            for (i, j), (tail,) in zip(running, more):
+                head = gens[i][j]
+                gens[i][j] = Generation(
+                    head.token_ids + tail.token_ids, head.logprobs + tail.logprobs, tail.finish_reason
+                )
+                versions[i][j] += [fresh] * len(tail.token_ids)
+        return gens, versions, fresh
+
+    def to_batch(
+        self, problems: list[Any], gens: list[list[Generation]], versions: int | list[list[list[int]]]
+    ) -> RolloutBatch:
+        """Scored responses as a batch; ``versions``: the policy version of every token (or one
+        for all)."""
         algo = self.cfg.algo
         g = algo.group_size
         flat = [(p, x) for p, row in zip(problems, gens) for x in row]
@@ -123,6 +160,10 @@ class Generator:
         prompt_ids = torch.full((b, p_max), self.pad_id, dtype=torch.long)
         response_ids = torch.full((b, t), self.pad_id, dtype=torch.long)
         rollout_logp = torch.zeros(b, t, dtype=torch.float32)
+        version = torch.full((b, t), versions if isinstance(versions, int) else 0, dtype=torch.int32)
+        if not isinstance(versions, int):
+            for i, v in enumerate(x for row in versions for x in row):
+                version[i, : len(v)] = torch.tensor(v, dtype=torch.int32)
         for i, ((_prob, gen), pids) in enumerate(zip(flat, prompts)):
             prompt_ids[i, : len(pids)] = torch.tensor(pids)
             response_ids[i, : len(gen.token_ids)] = torch.tensor(gen.token_ids)
@@ -148,7 +189,7 @@ class Generator:
                 "prompt_ids": prompt_ids,
                 "prompt_len": torch.tensor([len(p) for p in prompts]),
                 "response_ids": response_ids,
-                "version": torch.where(mask, version, 0).to(torch.int32),
+                "version": torch.where(mask, version, 0),
             },
         )
 
@@ -199,6 +240,8 @@ class _Versions:
         self.cond = threading.Condition()
         self.held: dict[int, list[tuple[str, torch.Tensor]]] = {}
         self.error: BaseException | None = None
+        self.floor = 0
+        """Versions below this were dropped (a generator never goes back)."""
 
     def put(self, version: int, tensors: list[tuple[str, torch.Tensor]]) -> None:
         with self.cond:
@@ -213,6 +256,9 @@ class _Versions:
     def take(self, version: int) -> list[tuple[str, torch.Tensor]]:
         """Version ``version``, waiting for it; older versions are dropped."""
         with self.cond:
+            if version < self.floor:
+                raise RuntimeError(f"policy version {version} was asked for after version {self.floor}")
+            self.floor = version
             while version not in self.held:
                 if self.error is not None:
                     raise RuntimeError(f"receiving policy versions failed: {self.error}") from self.error
@@ -299,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def receive() -> None:
         try:
-            for _ in versions_needed(first, last, k):
+            for _ in versions_needed(first, last, k, cfg.rollout.partial):
                 versions.put(*bridge.recv_weights(weights))
         except BaseException as err:  # the main thread reports it
             versions.fail(err)
@@ -307,6 +353,16 @@ def main(argv: list[str] | None = None) -> int:
     receiver = threading.Thread(target=receive, name="dapo-generator-weights", daemon=True)
     receiver.start()
     engine = _engine(cfg, i, hello["max_model_len"], tokenizer)
+    trace_path = Path(args.run_dir) / "trace" / f"generator{i}.jsonl"
+    step = [first]
+
+    def trace(**fields: Any) -> None:
+        """``output.trace_rollouts``: per round what this engine was asked for, per batch the
+        version it sampled with and a digest of the weights it had loaded."""
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        with trace_path.open("a") as f:
+            f.write(json.dumps({"step": step[0], "generator": i, **fields}) + "\n")
+
     gen = Generator(
         cfg,
         tokenizer=tokenizer,
@@ -315,20 +371,40 @@ def main(argv: list[str] | None = None) -> int:
         engine=engine,
         ranks=Ranks(i, n, 1),
         comm=bridge.PickledComm(peers),
+        trace=trace if cfg.output.trace_rollouts else None,
     )
     loaded = -1
+
+    def switch(b: int) -> Callable[[], int] | None:
+        fresh = partial_version(b, k)
+        if fresh is None:
+            return None
+
+        def load() -> int:
+            nonlocal loaded
+            engine.sync_weights(iter(tensors := versions.take(fresh)))
+            loaded = fresh
+            if cfg.output.trace_rollouts:
+                trace(version=fresh, weights=bridge.digest(tensors), partial=True)
+            return fresh
+
+        return load
+
     for b in range(first, last + 1):
         v = behaviour_version(b, k)
         t0 = time.perf_counter()
         tensors = versions.take(v)
         idle = time.perf_counter() - t0
+        step[0] = b
         if loaded != v:
             engine.sync_weights(iter(tensors))
             loaded = v
+        if cfg.output.trace_rollouts:
+            trace(version=v, weights=bridge.digest(tensors))
         t1 = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", SamplingWarning)
-            sampler = gen.rounds(b - 1, v)
+            sampler = gen.rounds(b - 1, v, switch(b) if cfg.rollout.partial else None)
             keys, mine, plan = sampler.kept(learners)
         message: dict[str, Any] = {
             "batch": b,

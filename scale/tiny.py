@@ -21,13 +21,16 @@ def build_tiny_model(
     seed: int = 0,
     max_positions: int = 512,
     format_steps: int = 150,
+    filler_mean: float | None = None,
 ) -> Path:
     """Write a small Qwen2 (tied embeddings) and its tokenizer to ``path``; return it.
 
     Weights are random, then ``format_steps`` of supervised steps teach the *format* only:
     "Q: a + b = ?" -> a few filler words, "Answer:", a uniformly random digit, EOS. The
     result is a base model that answers in the right form and is right about 1 time in 10,
-    so groups of responses mix right and wrong answers as in real RL runs."""
+    so groups of responses mix right and wrong answers as in real RL runs. ``filler_mean``:
+    the filler's length is exponential with this mean instead of 0-3 words, so response
+    lengths have a long tail and a round waits for its longest response (the benchmarks)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -65,12 +68,12 @@ def build_tiny_model(
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg)
     if format_steps:
-        _teach_format(model, fast, format_steps, seed)
+        _teach_format(model, fast, format_steps, seed, filler_mean)
     model.save_pretrained(path, safe_serialization=True)
     return path
 
 
-def _teach_format(model, tokenizer, steps: int, seed: int) -> None:
+def _teach_format(model, tokenizer, steps: int, seed: int, filler_mean: float | None = None) -> None:
     import random
 
     import torch
@@ -83,7 +86,8 @@ def _teach_format(model, tokenizer, steps: int, seed: int) -> None:
         for _ in range(16):
             a, b = rng.randrange(5), rng.randrange(5)
             prompt = tokenizer(f"Q: {a} + {b} = ?").input_ids
-            filler = " ".join(rng.choice(["w0", "w1", ",", "."]) for _ in range(rng.randrange(4)))
+            words = rng.randrange(4) if filler_mean is None else int(rng.expovariate(1.0 / filler_mean))
+            filler = " ".join(rng.choice(["w0", "w1", ",", "."]) for _ in range(words))
             answer = [*tokenizer(f"{filler} Answer: {rng.randrange(10)}").input_ids, tokenizer.eos_token_id]
             rows.append(prompt + answer)
             labels.append([-100] * len(prompt) + answer)

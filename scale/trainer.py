@@ -36,15 +36,14 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.fsdp import FSDPModule
 
-from dapo import DataParallel, RolloutBatch, update
+from dapo import RolloutBatch
 from dapo.health.callback import HealthMonitor
 from dapo.health.knobs import from_config
 from dapo.sampling import SamplingWarning
@@ -57,8 +56,9 @@ from .disaggregated import GeneratorPool, weights_header
 from .engines import make_engine
 from .evaluation import ProblemResult, canonical_prediction, eval_line, summarize
 from .generator import Generator, batch_state, empty_groups, from_state, seed_from
-from .policy import Policy, response_logp, token_budget_splitter
-from .sharding import build_policy, clip_grad_norm, dtype
+from .learner import Learner
+from .policy import Policy
+from .sharding import dtype
 from .stage import CONFIG_FILES, MODEL_FILES, is_hub_id
 from .sync import MIB, SyncStats, stream_weights, sync
 from .topology import Comm, Ranks, all_max, barrier, make_accelerator, start_wait_reports, waiting_for
@@ -96,72 +96,6 @@ def _labelled_barrier(what: str) -> None:
 
 PER_RANK_METRICS = ("time/", "sync/")
 """Metrics measured on each rank (the run logs the largest); all others are global."""
-
-Split = Callable[[torch.Tensor], list[torch.Tensor]]
-"""Row indices -> the micro-batches' row indices (the same count on every rank)."""
-
-
-def by_count(micro_batch_size: int) -> Split:
-    return lambda rows: list(torch.split(rows, micro_batch_size))
-
-
-@torch.no_grad()
-def with_trainer_logp(policy, batch: RolloutBatch, split: Split, pad_id: int) -> RolloutBatch:
-    """The batch with ``old_logp`` recomputed by the trainer (the engine's log-probs stay in
-    ``rollout_logp``): the ratio's denominator must be the trainer's own numbers."""
-    old = torch.zeros_like(batch.old_logp)
-    for idx in split(torch.arange(batch.size, device=old.device)):
-        logp = response_logp(policy, batch.select(idx), pad_id)[0]
-        if idx.numel():
-            old[idx] = logp.float().to(old.device)
-    old = torch.where(batch.mask, old.clamp(max=0.0), torch.zeros_like(old))
-    return RolloutBatch(**{**batch.__dict__, "old_logp": old})
-
-
-def run_update(
-    acc,
-    policy,
-    optimizer,
-    algo,
-    batch: RolloutBatch,
-    micro_batch_size: int,
-    pad_id: int,
-    *,
-    max_tokens: int | None = None,
-    sharded: bool = False,
-) -> dict[str, float]:
-    """Recompute old log-probs, then :func:`dapo.update` with accelerate's backward, the global
-    grad-norm clip and a cross-rank sum for the window denominators. Micro-batches hold
-    ``micro_batch_size`` responses, or up to ``max_tokens`` tokens (packed) with the same
-    number of micro-batches on every rank."""
-    world = acc.num_processes
-
-    def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
-        return acc.reduce(x.to(acc.device), reduction="sum").to(x.device)
-
-    batch = batch.to(acc.device)  # the loss is computed where the log-probs are
-    if max_tokens is None:
-        split = by_count(micro_batch_size)
-    else:
-        split = token_budget_splitter(batch, max_tokens, lambda n: all_max(n, acc.device))
-    batch = with_trainer_logp(policy, batch, split, pad_id)
-    m = update(
-        batch,
-        lambda mb: response_logp(policy, mb, pad_id),
-        optimizer,
-        algo,
-        micro_batch_size=micro_batch_size,
-        micro_batches=None if max_tokens is None else split,
-        dp=DataParallel(world, all_reduce_sum if world > 1 else None),
-        backward=acc.backward,
-        clip_grad_norm=clip_grad_norm(policy, acc, sharded),
-    )
-    if batch.rollout_logp is not None:
-        gap = (batch.old_logp - batch.rollout_logp).abs()[batch.mask]
-        m["mismatch/logp_gap_max"] = all_max(float(gap.max()) if gap.numel() else -math.inf, acc.device)
-        if not math.isfinite(m["mismatch/logp_gap_max"]):
-            m["mismatch/logp_gap_max"] = math.nan
-    return m
 
 
 class LayoutError(ValueError):
@@ -234,19 +168,8 @@ class Trainer:
 
         # which checkpoint to continue from, refused now if it cannot be (before the model loads)
         resume_from = self._resume_point(resume) if resume else None
-        # the model on its ranks (DDP or FSDP2), then the optimizer over what the ranks hold
-        self.policy, self._policy = build_policy(cfg, self.acc)
-        self.sharded = isinstance(self.policy, FSDPModule)
-        self.optimizer = torch.optim.AdamW(
-            self._policy.parameters(),
-            lr=cfg.train.lr,
-            betas=tuple(cfg.train.betas),
-            weight_decay=cfg.train.weight_decay,
-        )
-        warm = cfg.train.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0
-        )
+        # the learner: the model on its ranks (DDP or FSDP2), its optimizer and schedule
+        self.learner = Learner.build(cfg, self.acc, self.pad_id)
         self.step = 0
         self.held: dict[int, list[dict[str, Any]]] = {}
         """Disaggregated, rank 0: batches generated ahead of the step (in flight)."""
@@ -300,14 +223,14 @@ class Trainer:
             _labelled_barrier(f"local rank 0 to fetch {path} from the hub")
 
     def _unwrapped(self) -> Policy:
-        return self._policy
+        return self.learner.unwrapped
 
     def _sync_engine(self) -> SyncStats:
         """Stream the weights into the engine, one bounded bucket at a time (:mod:`scale.sync`)."""
         r = self.cfg.rollout
         return sync(
             self.engine,
-            self._policy.lm,
+            self.learner.lm,
             dtype=dtype(r.dtype),
             device=self.acc.device,
             bucket_mb=r.sync_bucket_mb,
@@ -326,6 +249,10 @@ class Trainer:
             if self.rank == 0:
                 self.held.update(self.pool.received)
         first = self.step + 1 + all_max(len(self.held), self.acc.device)
+        if self.rank == 0 and self.pool is None:  # a resumed run's traces: drop what runs again
+            for path in (self.out / "trace").glob("generator*.jsonl"):
+                _trim_jsonl(path, first - 1)
+            _trim_jsonl(self.out / "trace" / "weights.jsonl", self.step - 1)
         self.pool = GeneratorPool(
             c,
             rank=self.rank,
@@ -350,18 +277,31 @@ class Trainer:
         dt = dtype(r.dtype)
         stats = SyncStats()
         t0 = time.perf_counter()
-        sent = self.pool.publish(
-            version,
-            lambda: stream_weights(
-                self._policy.lm,
+        sent_tensors: list[tuple[str, torch.Tensor]] = []
+        traced = self.cfg.output.trace_rollouts and self.rank == 0
+
+        def named() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, t in stream_weights(
+                self.learner.lm,
                 dtype=dt,
                 device=self.acc.device,
                 bucket_bytes=int(r.sync_bucket_mb * MIB),
                 stats=stats,
-            ),
-            weights_header(self._policy.lm, dt),
-        )
+            ):
+                if traced:
+                    sent_tensors.append((name, t.cpu()))
+                yield name, t
+
+        sent = self.pool.publish(version, named, weights_header(self.learner.lm, dt))
         stats.seconds = time.perf_counter() - t0
+        if sent and traced:  # what the generators must report having loaded
+            path = self.out / "trace" / "weights.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                f.write(
+                    json.dumps({"step": version, "version": version, "weights": bridge.digest(sent_tensors)})
+                    + "\n"
+                )
         return stats.metrics() if sent else {}
 
     def _make_engine(self):
@@ -574,28 +514,12 @@ class Trainer:
         if self.engine is not None:
             self.engine.sleep()
         t1 = time.perf_counter()
-        m.update(
-            run_update(
-                self.acc,
-                self.policy,
-                self.optimizer,
-                c.algo,
-                batch,
-                c.train.micro_batch_size,
-                self.pad_id,
-                max_tokens=c.train.max_tokens_per_micro_batch,
-                sharded=self.sharded,
-            )
-        )
-        with warnings.catch_warnings():  # a step whose batch was empty took no optimizer step
-            warnings.filterwarnings("ignore", message="Detected call of", category=UserWarning)
-            self.scheduler.step()
+        m.update(self.learner.step(batch))
         t2 = time.perf_counter()
         m.update(self._publish(self.step + 1) if self.pool is not None else self._sync_engine().metrics())
         m["time/update_s"] = t2 - t1
         m["time/sync_s"] = time.perf_counter() - t2
         m["time/step_s"] = time.perf_counter() - t0
-        m["actor/lr"] = self.scheduler.get_last_lr()[0]
         return m
 
     # ---- evaluation -----------------------------------------------------------------------
@@ -743,7 +667,7 @@ class Trainer:
         if self.pool is not None:
             self.pool.close()
         self.acc.free_memory()
-        self.policy = self._policy = self.optimizer = self.scheduler = self.engine = None
+        self.learner = self.engine = None  # type: ignore[assignment]
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save(self) -> Path:
@@ -756,15 +680,12 @@ class Trainer:
         }
 
         def hf_save(d: Path) -> None:
-            self._policy.lm.config.save_pretrained(d)
+            self.learner.lm.config.save_pretrained(d)
             self.tokenizer.save_pretrained(d)
 
-        return ckpt.save(
+        return self.learner.save(
             self.out,
             self.step,
-            model=self._policy,
-            optimizer=self.optimizer,
-            scheduler_state=self.scheduler.state_dict(),
             rank_state=self._rank_state(),
             trainer_state=trainer_state,
             hf_save=hf_save,
@@ -810,8 +731,7 @@ class Trainer:
         return path, state
 
     def _resume(self, path: Path, state: dict[str, Any]) -> None:
-        ckpt.load(path, model=self._policy, optimizer=self.optimizer)
-        self.scheduler.load_state_dict(ckpt.load_tensors(path, "scheduler.pt"))
+        self.learner.load(path)
         written = int(state["world_size"])
         # the prompt stream is the same on every rank: rank 0's position serves any world size;
         # the RNG streams are per rank and carry over only to the same world size

@@ -19,11 +19,11 @@ from transformers import AutoModelForCausalLM
 
 from dapo import AlgoConfig, RolloutBatch
 from scale.config import load
+from scale.learner import run_update
 from scale.policy import Policy
 from scale.sharding import build_policy
 from scale.sync import stream_weights
 from scale.topology import dist_timeout
-from scale.trainer import run_update
 
 G, GROUPS, T, P = 2, 4, 5, 3
 

@@ -219,6 +219,12 @@ def test_mismatch():
     assert f.status == "failing" and f.start_step is not None and "tis_cap" in f.advice
     f = status([{"step": 0}], "rollout_mismatch")
     assert f.status == "unknown" and f.reason == "not logged"
+    # a disaggregated run with staleness: the gap is mostly policy change, judged elsewhere
+    stale = [{**m, "async/staleness_max": 0 if m["step"] < 2 else 2} for m in gap]
+    f = status(stale, "rollout_mismatch")
+    assert f.status == "unknown" and f.reason == "asynchronous" and "off_policy_drift" in f.evidence
+    f = status([{**m, "async/staleness_max": 0} for m in gap], "rollout_mismatch")  # k = 0: judged
+    assert f.status == "failing"
 
 
 # ---- KL and gradients ------------------------------------------------------------------------------------

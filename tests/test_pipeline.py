@@ -96,3 +96,20 @@ def test_learner_refuses_a_batch_older_than_k():
     pool.received = {5: [_message(2, [2, 5])]}  # a token from the future
     with pytest.raises(StalenessError):
         pool.take(5)
+
+
+@given(st.integers(1, 300), st.integers(0, 12))
+def test_partial_rollouts_switch_forward_to_a_version_the_learner_has(step, k):
+    """The version that continues a batch after the weight update is the next batch's own
+    (a generator never goes back to an older version), exists before the learner trains the
+    batch, and keeps every token within k."""
+    from dapo.pipeline import partial_version
+
+    p = partial_version(step, k)
+    if p is None:
+        assert k == 0 or step <= k
+        return
+    assert p == behaviour_version(step, k) + 1 == behaviour_version(step + 1, k)
+    assert step - 1 - k <= p <= step - 1
+    assert p in versions_needed(1, step, k, partial=True)
+    assert versions_needed(1, step, k, partial=False)[-1] == p - 1

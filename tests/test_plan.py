@@ -104,3 +104,32 @@ def test_cli(capsys):
     with pytest.raises(ValueError):
         arch_for("no/such-model")
     assert isinstance(Arch(8, 1, 2, 1, 16, 10, True).head_dim, int)
+
+
+def test_placement_estimate_orders_and_depends_on_the_tail():
+    """The planner's placements on the same GPUs: disaggregated k = 0 never beats colocated
+    (both phases on fewer GPUs, no overlap), more staleness never slows the pipeline, and only
+    where the longest response bounds the round (decoding slower per sequence than the GPUs'
+    share) does splitting the GPUs pay; the assumptions are printed."""
+    from scale.plan import format_placement, placement
+
+    cfg = load("qwen2.5-32b-dapo")
+    cluster = Cluster(16, 8, 80.0)
+    pl = plan(cfg, cluster)
+    p = placement(pl, cfg, cluster)
+    rate = {name: r for name, _, _, r in p.rows}
+    colo, k0, k1, k2 = (
+        rate[n] for n in ["colocated, synchronous"] + [f"disaggregated, k = {k}" for k in (0, 1, 2)]
+    )
+    assert k0 <= colo and k0 <= k1 <= k2
+    assert all(g % 4 == 0 for _, g, _, _ in p.rows)  # whole engines (tensor_parallel 4)
+    tail = Cluster(16, 8, 80.0, decode_tokens_per_s_per_seq=10.0)  # a 20k-token response: 34 min
+    p2 = placement(plan(cfg, tail), cfg, tail)
+    rate2 = {name: r for name, _, _, r in p2.rows}
+    assert rate2["disaggregated, k = 2"] > 1.2 * rate2["colocated, synchronous"]
+    text = format_placement(p)
+    assert "generation_cv=0.3" in text and "weights_broadcast_gbps=25.0" in text and "(1.00x)" in text
+    with pytest.raises(ValueError, match="multiple of tensor_parallel"):
+        placement(pl, cfg, cluster, gen_gpus=6)
+    fixed = placement(pl, cfg, cluster, gen_gpus=64)
+    assert fixed.rows[1][1:3] == (64, 64)

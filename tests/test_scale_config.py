@@ -69,6 +69,8 @@ def test_data_chat_template_path_and_cache_dir(tmp_path):
         ("rollout.max_staleness=2", "rollout.max_staleness"),  # colocated: nothing to overlap
         ("rollout.max_staleness=-1", "rollout.max_staleness"),
         ("rollout.correction=tis", "rollout.correction"),
+        ("rollout.partial=true", "rollout.partial"),  # needs max_staleness >= 1
+        ("rollout.partial_tokens=0", "rollout.partial_tokens"),
     ],
 )
 def test_bad_values_name_the_field(override, field):
