@@ -190,8 +190,30 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_for_cli("dapo launch", args.config, args.overrides)
     if cfg is None:
         return 2
+    per_node = args.gpus_per_node
+    if cfg.disaggregated:  # rank 0 starts the generators on its node, on the GPUs after its learners'
+        if args.nodes > 1:
+            print(
+                "dapo launch: rollout.mode=disaggregated places its generators on rank 0's node only; "
+                "launch it on one node (--nodes 1) for now",
+                file=sys.stderr,
+            )
+            return 2
+        per_node = args.gpus_per_node - cfg.rollout.generators
+        if per_node < 1:
+            print(
+                f"dapo launch: rollout.generators={cfg.rollout.generators} leaves no GPU of "
+                f"{args.gpus_per_node} to train on",
+                file=sys.stderr,
+            )
+            return 2
+        print(
+            f"dapo launch: {per_node} learner GPU(s) and {cfg.rollout.generators} generator GPU(s) on one node",
+            file=sys.stderr,
+        )
+    args.gpus_per_node = per_node
     world = args.nodes * args.gpus_per_node
-    tp = cfg.rollout.tensor_parallel
+    tp = 1 if cfg.disaggregated else cfg.rollout.tensor_parallel
     if world % tp or args.gpus_per_node % tp:
         print(f"dapo launch: rollout.tensor_parallel={tp} must divide the GPUs per node", file=sys.stderr)
         return 2
@@ -200,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         ("algo.train_groups", cfg.algo.train_groups, world, "GPUs"),
         ("rollout.gen_groups", cfg.gen_groups, world // tp, f"rollout groups of {tp} GPUs"),
     ):
+        if cfg.disaggregated and name == "rollout.gen_groups":
+            continue  # the generators split the rounds (checked with the config)
         if total % parts:
             print(f"dapo launch: {name}={total} is not divisible by {parts} {what}", file=sys.stderr)
             return 2

@@ -163,3 +163,39 @@ def test_accelerate_configs_are_valid_yaml():
     assert cfg.model.dtype == "float32" and cfg.rollout.dtype == "bfloat16"
     assert cfg.train.dist_timeout_s > 16 * 60  # above the longest generation round
     assert yaml.safe_load((LAUNCH_DIR / "ddp_cpu.yaml").read_text())["use_cpu"] is True
+
+
+def test_launch_places_a_disaggregated_run_on_one_node(capsys):
+    """The generators start on rank 0's node after its learners: torchrun gets the GPUs left
+    to train on; more nodes, or no GPU left, is one line and exit 2."""
+    dis = [
+        "rollout.mode=disaggregated",
+        "rollout.generators=2",
+        "eval.every=0",
+        "algo.train_groups=6",
+        "algo.mini_batch_groups=6",
+        "rollout.gen_groups=6",
+        "rollout.tensor_parallel=1",
+    ]
+    assert (
+        launch_main(
+            [
+                "--config",
+                "qwen2.5-32b-dapo",
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "8",
+                "--scheduler",
+                "torchrun",
+                *dis,
+            ]
+        )
+        == 0
+    )
+    out, err = capsys.readouterr()
+    assert "--nproc-per-node 6" in out and "6 learner GPU(s) and 2 generator GPU(s)" in err
+    assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "2", *dis]) == 2
+    assert "one node" in capsys.readouterr().err
+    assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "1", "--gpus-per-node", "2", *dis]) == 2
+    assert "leaves no GPU" in capsys.readouterr().err
