@@ -41,7 +41,7 @@ from dapo.sampling import SamplingWarning
 from .config import RunConfig
 from .data import PromptStream
 from .engines import Generation
-from .rollout import GlobalDynamicSampler, round_digest
+from .rollout import GlobalDynamicSampler, batch_state, round_digest
 from .topology import Ranks
 
 
@@ -215,18 +215,6 @@ def empty_groups(n_groups: int, group_size: int, t: int, pad_id: int) -> Rollout
             "version": torch.zeros(b, t, dtype=torch.int32),
         },
     )
-
-
-def batch_state(batch: RolloutBatch | None) -> dict[str, Any] | None:
-    """A batch as plain tensors and numbers (for :func:`scale.bridge.dump` and checkpoints)."""
-    if batch is None:
-        return None
-    state = {k: v for k, v in batch.__dict__.items() if k != "extras"}
-    return {**state, "extras": dict(batch.extras)}
-
-
-def from_state(state: dict[str, Any]) -> RolloutBatch:
-    return RolloutBatch(**state)
 
 
 # ---- the generator process of a disaggregated run ----------------------------------------------

@@ -25,11 +25,11 @@ of prompts, seed and outputs, and a mismatch stops the run with the ranks named.
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,6 +46,7 @@ from dapo.sampling import (
     trim_round_major,
 )
 
+from .bridge import dump, load
 from .policy import row_tokens
 from .topology import Comm, Ranks
 
@@ -95,15 +96,25 @@ class _Candidate:
     tokens: int
 
 
-def _to_bytes(batch: RolloutBatch) -> bytes:
-    buf = io.BytesIO()
+def batch_state(batch: RolloutBatch | None) -> dict[str, Any] | None:
+    """A batch as plain tensors and numbers (what travels between processes and what a
+    checkpoint keeps in flight; :func:`scale.bridge.dump` writes it)."""
+    if batch is None:
+        return None
     state = {k: v for k, v in batch.__dict__.items() if k != "extras"}
-    torch.save({**state, "extras": dict(batch.extras)}, buf)
-    return buf.getvalue()
+    return {**state, "extras": dict(batch.extras)}
+
+
+def from_state(state: dict[str, Any]) -> RolloutBatch:
+    return RolloutBatch(**state)
+
+
+def _to_bytes(batch: RolloutBatch) -> bytes:
+    return dump(batch_state(batch))
 
 
 def _from_bytes(data: bytes) -> RolloutBatch:
-    return RolloutBatch(**torch.load(io.BytesIO(data), weights_only=True))
+    return from_state(load(data))
 
 
 @dataclass

@@ -55,9 +55,10 @@ from .data import DataError, ProblemSet, PromptStream, contamination, prepare_pr
 from .disaggregated import GeneratorPool, weights_header
 from .engines import make_engine
 from .evaluation import ProblemResult, canonical_prediction, eval_line, summarize
-from .generator import Generator, batch_state, empty_groups, from_state, seed_from
+from .generator import Generator, empty_groups, seed_from
 from .learner import Learner
 from .policy import Policy
+from .rollout import batch_state, from_state
 from .sharding import dtype
 from .stage import CONFIG_FILES, MODEL_FILES, is_hub_id
 from .sync import MIB, SyncStats, stream_weights, sync
