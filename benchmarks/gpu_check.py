@@ -18,6 +18,12 @@ checked to run on the device (``DAPO_CHECK_COLLECTIVES=1``):
   log-prob gap of the next cycle's tokens (``mismatch/logp_gap`` mean and max);
 * a DCP save and load round trip of the sharded model and optimizer.
 
+``--disaggregated`` checks the disaggregated placement instead (run it without torchrun: it
+launches ``dapo train`` itself, :func:`disaggregated`): the same model shape and preset with
+``rollout.mode: disaggregated``, staleness 2 and partial rollouts, learners on the first GPUs
+and one generator process after them (on a one-GPU machine it shares the GPU, and the
+weights then travel through host memory instead of NCCL; the item says which).
+
 Each item gets ``pass``, ``fail`` or ``skipped`` (what a CPU cannot show) against a stated
 threshold; the JSON (``--out``, default ``$OUT/gpu_check.json`` or
 ``benchmarks/results/gpu_check.json``) holds the items and the measurements, and the exit
@@ -414,6 +420,160 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     return report
 
 
+DISAGGREGATED_STEPS = 4
+"""Steps of the disaggregated phase: at k = 2 the oldest tokens are 0, 1, 2, 2 versions old."""
+
+
+def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
+    """The disaggregated placement end to end: ``dapo train`` with the 32B preset's settings on
+    this model shape, ``rollout.mode: disaggregated``, ``max_staleness: 2``, partial rollouts,
+    learners (FSDP2, one per GPU but the generator's) and one vLLM generator process, for
+    :data:`DISAGGREGATED_STEPS` steps. A random model is never right and dynamic sampling would
+    reject every group, so it is off here: the groups train with zero advantages, which still
+    exercises every transfer (versions, weights, batches) this phase is about. Items: the
+    placement and the weights' transport, the run's exit, the staleness bound on every step,
+    every generator's weights equal to what the learner published (digests in the traces),
+    engine = learner at step 1 (both at version 0, bf16), and the time of each broadcast."""
+    import torch
+
+    from dapo.pipeline import behaviour_version
+    from scale.disaggregated import generator_gpus
+    from scale.rehearsal import _generator_traces, _launch, _metrics, _wait
+    from scale.tiny import build_tiny_data
+
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.cpu:
+        raise RuntimeError("no CUDA device: this check needs a GPU (--cpu runs its code on CPU processes)")
+    gpus = torch.cuda.device_count() if cuda else 0
+    learners = max(1, gpus - 1) if cuda else 1
+    placed, shared = generator_gpus(gpus, learners, 1) if cuda else ([], True)
+    backend = "gloo" if shared else "nccl"
+    shape = dict(QWEN25_05B)
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+    if args.vocab:
+        shape.update(vocab_size=args.vocab, bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1)
+    tmp = Path(tempfile.mkdtemp(prefix="dapo-gpu-check-disaggregated-"))
+    build_model(tmp / "model", shape)
+    train, ev = build_tiny_data(tmp / "data")
+    groups = 2 * learners
+    overrides = [
+        f"model.path={tmp / 'model'}",
+        f"data.train={train}",
+        f"data.eval={ev}",
+        "data.template=none",
+        "data.chat_template=false",
+        "data.max_prompt_tokens=64",
+        "rollout.mode=disaggregated",
+        "rollout.generators=1",
+        "rollout.max_staleness=2",
+        "rollout.partial=true",
+        f"rollout.partial_tokens={max(1, args.response // 4)}",
+        "rollout.tensor_parallel=1",
+        f"rollout.max_model_len={64 + args.response + 8}",
+        f"rollout.gen_groups={groups}",
+        f"rollout.sync_bucket_mb={args.bucket_mb}",
+        f"algo.train_groups={groups}",
+        f"algo.mini_batch_groups={groups}",
+        f"algo.group_size={GROUP}",
+        "algo.dynamic_sampling=false",
+        f"algo.expected_len={args.response * 3 // 4}",
+        f"algo.cache_len={args.response - args.response * 3 // 4}",
+        f"train.steps={DISAGGREGATED_STEPS}",
+        f"train.max_tokens_per_micro_batch={args.max_tokens}",
+        "train.warmup_steps=1",
+        "eval.every=0",
+        "diagnose.every_steps=0",
+        "output.trackers=[]",
+        "output.trace_rollouts=true",
+        f"output.checkpoint_every={DISAGGREGATED_STEPS}",
+    ]
+    if cuda:
+        if shared:  # the generator's engine and a learner on one device
+            overrides.append(f"rollout.gpu_memory_utilization={args.shared_gpu_memory_utilization}")
+    else:
+        overrides.append(f"rollout.kv_cache_gib={args.cpu_kv_gib}")
+    run = tmp / "run"
+    logs = tmp / "logs"
+    logs.mkdir()
+    t0 = time.perf_counter()
+    procs = _launch(run, overrides, 1, learners, logs / "train", ["--fresh"], config="qwen2.5-32b-dapo")
+    rc = _wait(procs, args.timeout, "the disaggregated run")
+    seconds = time.perf_counter() - t0
+    rows = _metrics(run)
+    traces = _generator_traces(run)
+    published = {x["version"]: x["weights"] for x in traces.get("weights", [])}
+    loads = [x for name, xs in traces.items() if name.startswith("generator") for x in xs if "version" in x]
+    tail = ""
+    if rc != [0]:
+        found = sorted(logs.glob("*.log")) + sorted(run.glob("generator*.log"))
+        lines = [x for f in found for x in f.read_text(errors="replace").splitlines() if x.strip()]
+        tail = lines[-1][:300] if lines else ""
+    v.add(
+        "disaggregated: placement and weight transport",
+        None if not cuda or shared else True,
+        f"{learners} learner(s) on GPUs 0..{learners - 1}, the generator on GPU {placed}, weights over "
+        f"{backend}"
+        if cuda
+        else f"{learners} learner + 1 generator process on CPU, weights over gloo",
+        "the generator on its own GPU, weights over NCCL (a shared GPU or a CPU run cannot show it)",
+    )
+    v.add(
+        f"disaggregated: {DISAGGREGATED_STEPS} steps, k = 2, partial rollouts, exit 0",
+        rc == [0] and len(rows) == DISAGGREGATED_STEPS,
+        f"exit {rc}, {len(rows)} rows, {seconds:.0f} s" + (f"; last line: {tail}" if tail else ""),
+        f"exit 0 with {DISAGGREGATED_STEPS} metrics rows",
+    )
+    want = [min(s - 1, 2) for s in range(1, DISAGGREGATED_STEPS + 1)]
+    oldest = [r.get("async/staleness_max") for r in rows]
+    v.add(
+        "disaggregated: staleness bound on every step",
+        oldest == want,
+        oldest,
+        f"oldest token exactly {want} versions old (k = 2)",
+    )
+    batches = [x for x in loads if not x.get("partial")]
+    v.add(
+        "disaggregated: the generator loaded what the learner published",
+        len(batches) == DISAGGREGATED_STEPS
+        and all(x["version"] == behaviour_version(x["step"], 2) for x in batches)
+        and all(published.get(x["version"]) == x["weights"] for x in loads),
+        f"{len(loads)} loads ({len(loads) - len(batches)} partial), versions {sorted(published)} published",
+        "batch s sampled by version max(0, s - 3); every load's digest = the published version's",
+    )
+    first = rows[0] if rows else {}
+    gap = (first.get("mismatch/logp_gap"), first.get("mismatch/logp_gap_max"))
+    v.add(
+        "disaggregated: engine = learner at step 1 (log-prob gap)",
+        gap[0] is not None and gap[1] is not None and gap[0] < args.max_gap_mean and gap[1] < args.max_gap,
+        gap,
+        f"mean < {args.max_gap_mean}, max < {args.max_gap} (version 0 on both sides)",
+    )
+    publish = [r["sync/seconds"] for r in rows if r.get("sync/seconds") is not None]
+    v.add(
+        "disaggregated: each version broadcast in time",
+        bool(publish) and max(publish) < args.max_publish_s,
+        [round(x, 2) for x in publish],
+        f"< {args.max_publish_s} s per version (sync/seconds)",
+    )
+    return {
+        "mode": "disaggregated",
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu (--cpu: the code path only)",
+        "model": shape,
+        "learners": learners,
+        "generator_gpus": placed,
+        "weights_backend": backend,
+        "seconds": round(seconds, 1),
+        "exit": rc,
+        "staleness_max": oldest,
+        "staleness_mean": [r.get("async/staleness_mean") for r in rows],
+        "publish_s": publish,
+        "trainer_idle_s": [r.get("async/trainer_idle_s") for r in rows],
+        "generator_idle_s": [r.get("async/generator_idle_s") for r in rows],
+        "run_dir": str(run),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help="JSON report (default $OUT/gpu_check.json)")
@@ -433,12 +593,28 @@ def main() -> int:
         "--cpu", "--allow-cpu", dest="cpu", action="store_true", help="run on CPU processes (vLLM-CPU)"
     )
     ap.add_argument("--cpu-kv-gib", type=float, default=0.004, help="--cpu: vLLM-CPU's KV cache (GiB)")
-    args = ap.parse_args()
-    out = args.out or (
-        Path(os.environ["OUT"]) / "gpu_check.json"
-        if os.environ.get("OUT")
-        else ROOT / "benchmarks/results/gpu_check.json"
+    ap.add_argument(
+        "--disaggregated",
+        action="store_true",
+        help="check the disaggregated placement (plain python: it launches dapo train itself)",
     )
+    ap.add_argument("--timeout", type=float, default=900.0, help="--disaggregated: the run's limit (s)")
+    ap.add_argument(
+        "--max-publish-s", type=float, default=60.0, help="--disaggregated: longest broadcast of a version"
+    )
+    ap.add_argument(
+        "--shared-gpu-memory-utilization",
+        type=float,
+        default=0.3,
+        help="--disaggregated on one GPU: the generator engine's share of it",
+    )
+    args = ap.parse_args()
+    name = "gpu_check_disaggregated.json" if args.disaggregated else "gpu_check.json"
+    out = args.out or (
+        Path(os.environ["OUT"]) / name if os.environ.get("OUT") else ROOT / "benchmarks/results" / name
+    )
+    if args.disaggregated:
+        return _report_disaggregated(args, out)
     rank = int(os.environ.get("RANK", "0"))
     from scale.collective_devices import checked, compute_device
 
@@ -469,6 +645,23 @@ def main() -> int:
     from scale.topology import shutdown
 
     shutdown()
+    return 1 if report["failed"] else 0
+
+
+def _report_disaggregated(args: argparse.Namespace, out: Path) -> int:
+    verdicts = Verdicts()
+    try:
+        report = disaggregated(args, verdicts)
+    except Exception as err:
+        report = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:]}
+        print(f"gpu_check --disaggregated: {report['error']}", file=sys.stderr)
+    report["items"] = verdicts.items
+    report["failed"] = verdicts.failed + (["(the check did not finish)"] if "error" in report else [])
+    report["command"] = " ".join(sys.argv)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(verdicts.table())
+    print(f"{'FAILED: ' + ', '.join(report['failed']) if report['failed'] else 'passed'}; details in {out}")
     return 1 if report["failed"] else 0
 
 

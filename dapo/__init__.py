@@ -21,6 +21,7 @@ _EXPORTS = {
     "config": ("GRPO", "LADDER", "PRESETS", "SWITCHES", "AlgoConfig", "ConfigError", "with_switches"),
     "loss": ("aggregate", "policy_loss", "window_denominator"),
     "offpolicy": ("CORRECTIONS", "is_weights", "rejection_mask"),
+    "prompt_selection": ("PromptSelection", "parse_spec"),
     "schema": ("SCHEMA",),
     "metrics": ("masked_mean", "rollout_metrics", "rollout_stats"),
     "rewards": ("config_reward", "outcome_reward", "score_integer_answer", "soft_overlong_penalty"),
@@ -35,6 +36,7 @@ __all__ = [
     "LADDER",
     "PRESETS",
     "SCHEMA",
+    "PromptSelection",
     "SWITCHES",
     "AlgoConfig",
     "BatchError",
@@ -52,6 +54,7 @@ __all__ = [
     "is_weights",
     "masked_mean",
     "outcome_reward",
+    "parse_spec",
     "policy_loss",
     "rejection_mask",
     "rollout_metrics",
@@ -100,6 +103,7 @@ if TYPE_CHECKING:  # what type checkers and editors see: the eager imports
     from .loss import aggregate, policy_loss, window_denominator
     from .metrics import masked_mean, rollout_metrics, rollout_stats
     from .offpolicy import CORRECTIONS, is_weights, rejection_mask
+    from .prompt_selection import PromptSelection, parse_spec
     from .rewards import config_reward, outcome_reward, score_integer_answer, soft_overlong_penalty
     from .sampling import DynamicSampler, SamplingWarning, uniform_groups
     from .schema import SCHEMA

@@ -106,6 +106,15 @@ class AlgoConfig:
     """Generation rounds per step after which dynamic sampling hands back what it has, with
     a warning, instead of raising (verl raises; runs die when data is too easy or hard)."""
 
+    prompt_selection: str = "none"
+    """Beyond the paper: which prompts of the stream to generate at all, decided before
+    generating from each prompt's outcome history (:mod:`dapo.prompt_selection`): ``none``,
+    ``greso`` (GRESO's probabilistic skipping), ``retire`` (retire-when-solved, open-instruct),
+    ``pools`` (difficulty pools, prime-rl), each with its published defaults, which
+    ``name:option=value,...`` overrides (e.g. ``greso:target_zero_variance=0.3``). Dynamic
+    sampling still fills the batch after it. See ``dapo toy run prompt_selection`` for where
+    each helps and where it costs accuracy."""
+
     # --- Batch geometry ---------------------------------------------------------------
     train_groups: int = 512
     """Prompts (groups) per training batch. The paper uses 512 prompts x 16 responses."""
@@ -199,6 +208,13 @@ class AlgoConfig:
         )
         flag("dynamic_sampling")
         need(integer("max_gen_rounds") >= 1, "max_gen_rounds", "must be >= 1")
+        need(isinstance(self.prompt_selection, str), "prompt_selection", "must be a string")
+        try:
+            from .prompt_selection import parse_spec
+
+            parse_spec(self.prompt_selection)
+        except ValueError as e:
+            raise ConfigError("prompt_selection", str(e)) from None
         need(integer("train_groups") >= 1, "train_groups", "must be >= 1")
         need(integer("mini_batch_groups") >= 1, "mini_batch_groups", "must be >= 1")
         need(

@@ -396,6 +396,12 @@ class RunConfig:
                 "must be 0 with rollout.mode: disaggregated (the generators hold older policy versions); "
                 "evaluate the checkpoints with `dapo eval`",
             )
+        if self.algo.prompt_selection != "none":
+            raise ConfigError(
+                "algo.prompt_selection",
+                "must be none with rollout.mode: disaggregated (the history would have to travel with "
+                "the batches in flight; not supported yet)",
+            )
 
 
 def with_correction(cfg: RunConfig) -> RunConfig:

@@ -18,6 +18,7 @@ everything that changes it.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -639,15 +640,19 @@ class PromptStream:
         return order
 
     def take(self, n: int) -> list[Problem]:
-        out = []
-        for _ in range(n):
+        return [self.problems[i] for i in itertools.islice(self.offers(), n)]
+
+    def offers(self) -> Iterator[int]:
+        """The stream as problem indices; the position advances only as far as it is read
+        (prompt selection decides on each offer and never takes one it has not decided on)."""
+        while True:
             if self.index >= len(self._order):
                 self.epoch += 1
                 self.index = 0
                 self._order = self._shuffle(self.epoch)
-            out.append(self.problems[self._order[self.index]])
+            i = self._order[self.index]
             self.index += 1
-        return out
+            yield i
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "index": self.index, "seed": self.seed, "size": len(self.problems)}

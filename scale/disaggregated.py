@@ -49,6 +49,20 @@ def _host() -> str:
     return os.environ.get("DAPO_BRIDGE_ADDR") or os.environ.get("MASTER_ADDR") or socket.gethostname()
 
 
+def generator_gpus(gpus: int, learners_here: int, generators: int) -> tuple[list[int], bool]:
+    """Which GPU of rank 0's node each generator process gets, and whether they share GPUs with
+    the learners. The GPUs after the learners' when there are enough (each generator its own
+    device, weights over NCCL); otherwise generator ``i`` shares GPU ``(learners_here + i) %
+    gpus`` (a one-GPU check, a small node). NCCL refuses two members of one communicator on the
+    same device, so shared placements send weights through host memory (gloo): slower, and
+    what :func:`scale.plan.placement` does not model."""
+    if gpus < 1:
+        raise ValueError(f"no GPU to place {generators} generator(s) on")
+    if gpus >= learners_here + generators:
+        return [learners_here + i for i in range(generators)], False
+    return [(learners_here + i) % gpus for i in range(generators)], True
+
+
 class GeneratorPool:
     def __init__(
         self,
@@ -80,10 +94,22 @@ class GeneratorPool:
         timeout = cfg.train.dist_timeout_s
         host = _host()
         kv = bridge.store("0.0.0.0", 0, is_master=True, members=self.n + 1, timeout_s=timeout)
+        self.gpus: list[int] = []
+        backend = "gloo"
+        if torch.cuda.is_available():
+            here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            self.gpus, shared = generator_gpus(torch.cuda.device_count(), here, self.n)
+            backend = "gloo" if shared else "nccl"
+            if shared:
+                log(
+                    f"rollout.generators={self.n} share GPUs {self.gpus} with the learners "
+                    f"({torch.cuda.device_count()} GPUs for {here} learner(s)): weights go "
+                    "through host memory (gloo), not NCCL"
+                )
+        self.weights_backend = backend
         for i in range(self.n):
             self.procs.append(self._spawn(out, host, kv.port, i))
         batches = bridge.group(kv, "batches", 0, self.n + 1, timeout)
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
         self.weights = bridge.group(kv, "weights", 0, self.n + 1, timeout, backend=backend)
         self._store = kv
         hello = {
@@ -121,13 +147,16 @@ class GeneratorPool:
             str(i),
             "--count",
             str(self.n),
+            "--weights-backend",
+            self.weights_backend,
         ]
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK"):
             env.pop(var, None)  # a generator is not a rank of the learner's group
-        if torch.cuda.is_available():  # the GPUs after the learner's on this node
-            first_gpu = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-            env["CUDA_VISIBLE_DEVICES"] = str(first_gpu + i)
+        if self.gpus:  # generator_gpus: its own GPU after the learners', or a shared one
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            ids = visible.split(",") if visible else [str(g) for g in range(torch.cuda.device_count())]
+            env["CUDA_VISIBLE_DEVICES"] = ids[self.gpus[i]]
         root = Path(__file__).resolve().parents[1]
         env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         return subprocess.Popen(
@@ -268,4 +297,4 @@ def weights_header(lm: torch.nn.Module, dtype: torch.dtype) -> list[tuple[str, l
     return [(n, list(t.shape), str(dtype).removeprefix("torch.")) for n, t in lm.state_dict().items()]
 
 
-__all__ = ["GeneratorPool", "StalenessError", "weights_header"]
+__all__ = ["GeneratorPool", "StalenessError", "generator_gpus", "weights_header"]

@@ -20,6 +20,7 @@ learner can check the staleness bound and report it (``async/*``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -35,6 +36,7 @@ import torch
 
 from dapo import RolloutBatch, config_reward
 from dapo.pipeline import behaviour_version, partial_version, versions_needed
+from dapo.prompt_selection import PromptSelection, select
 from dapo.rewards import score_integer_answer
 from dapo.sampling import SamplingWarning
 
@@ -67,8 +69,10 @@ class Generator:
         ranks: Ranks,
         comm: Any,
         trace: Callable[..., None] | None = None,
+        selection: PromptSelection | None = None,
     ):
         self.cfg = cfg
+        self.selection = selection
         self.tokenizer = tokenizer
         self.prompt_ids = prompt_ids
         self.stream = stream
@@ -95,7 +99,8 @@ class Generator:
         per_group = c.gen_groups // me.dp_size
         while not sampler.done:
             first = me.dp_rank * per_group
-            problems = self.stream.take(c.gen_groups)[first : first + per_group]
+            chosen = self._draw(step)
+            problems = [self.stream.problems[i] for i in chosen[first : first + per_group]]
             prompts = [self.encode(p.prompt) for p in problems]
             seed = [seed_from(c.rollout.seed, step, sampler.rounds, first + i) for i in range(len(prompts))]
             gens, versions, version = self._sample(prompts, seed, version, switch)
@@ -109,7 +114,24 @@ class Generator:
                     digest=digest,
                 )
             sampler.add(self.to_batch(problems, gens, versions), digest)
+            if self.selection is not None:  # every group's outcome, known to every rank now
+                self.selection.observe(chosen, sampler.last_round_correct(), algo.group_size, step)
+        if self.selection is not None:
+            sampler.extra_metrics = self.selection.end_step()
         return sampler
+
+    def _draw(self, step: int) -> list[int]:
+        """The round's global draw: ``rollout.gen_groups`` problem indices from the stream,
+        chosen by ``algo.prompt_selection`` when set (the same decisions on every rank: one
+        history, one stream, hashed draws; at most one pass over the data is offered, then the
+        round is filled with the stream's next prompts)."""
+        n = self.cfg.gen_groups
+        if self.selection is None:
+            return list(itertools.islice(self.stream.offers(), n))
+        chosen, _ = select(
+            self.selection, self.stream.offers(), n, step, len(self.stream.problems), fill=True
+        )
+        return chosen
 
     def _sample(
         self, prompts: list[list[int]], seeds: list[int], version: int, switch: Callable[[], int] | None
@@ -293,6 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--index", type=int, required=True, help="this generator, from 0")
     ap.add_argument("--count", type=int, required=True, help="generators in the run")
+    ap.add_argument(
+        "--weights-backend",
+        choices=("gloo", "nccl"),
+        default="gloo",
+        help="how versions arrive (the learner's choice, scale.disaggregated.generator_gpus)",
+    )
     args = ap.parse_args(argv)
     from transformers import AutoTokenizer
 
@@ -304,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     i, n = args.index, args.count
     timeout = cfg.train.dist_timeout_s
     kv = bridge.store(args.addr, args.port, is_master=False, members=n + 1, timeout_s=timeout)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    backend = args.weights_backend
     batches = bridge.group(kv, "batches", i + 1, n + 1, timeout)
     peers = bridge.group(kv, "generators", i, n, timeout)
     weights = bridge.group(kv, "weights", i + 1, n + 1, timeout, backend=backend)

@@ -328,6 +328,39 @@ def format_placement(p: Placement) -> str:
     return "\n".join(lines)
 
 
+def selection_saving(cfg, cluster: Cluster, strategy: Strategy, acceptance: float) -> dict[str, float]:
+    """What prompt selection saves per step: the generation time at the acceptance rate
+    measured with it (``acceptance``) against the rate without (``strategy.acceptance``),
+    everything else equal (a skipped prompt costs no generation). The rates come from a run's
+    ``sampling/accept_rate`` (or the toy's informative rate), with and without
+    ``algo.prompt_selection``."""
+    if not 0 < acceptance <= 1:
+        raise ValueError(f"--selection-acceptance must lie in (0, 1], got {acceptance}")
+    without = plan(cfg, cluster, strategy).step_seconds
+    with_sel = plan(cfg, cluster, Strategy(**{**asdict(strategy), "acceptance": acceptance})).step_seconds
+    saved = without["generation"] - with_sel["generation"]
+    return {
+        "acceptance_without": strategy.acceptance,
+        "acceptance_with": acceptance,
+        "rounds_without": without["generation_rounds"],
+        "rounds_with": with_sel["generation_rounds"],
+        "generation_s_without": without["generation"],
+        "generation_s_with": with_sel["generation"],
+        "generation_saved_s": saved,
+        "step_saved_fraction": saved / without["total"] if without["total"] else 0.0,
+    }
+
+
+def format_selection(sel: dict[str, float]) -> str:
+    return (
+        f"prompt selection: acceptance {sel['acceptance_without']:.2f} -> {sel['acceptance_with']:.2f}: "
+        f"{sel['rounds_without']:.0f} -> {sel['rounds_with']:.0f} generation round(s), "
+        f"{sel['generation_s_without'] / 60:.1f} -> {sel['generation_s_with'] / 60:.1f} min of generation "
+        f"per step (saves {sel['generation_saved_s'] / 60:.1f} min, {100 * sel['step_saved_fraction']:.0f}% "
+        "of the step)"
+    )
+
+
 def format_plan(pl: Plan, cfg, cluster: Cluster) -> str:
     lines = [
         f"model {cfg.model.path}: {pl.params / 1e9:.2f} B parameters; {cluster.nodes} node(s) x "
@@ -402,6 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="dynamic-sampling acceptance rate, in (0, 1] (default 0.5)",
     )
     ap.add_argument(
+        "--selection-acceptance",
+        type=Float(lo=0.0, lo_open=True, hi=1.0),
+        default=None,
+        help="the acceptance rate measured with algo.prompt_selection: print the generation time it "
+        "saves against --acceptance",
+    )
+    ap.add_argument(
         "--gen-gpus",
         type=Int(lo=1),
         default=None,
@@ -449,8 +489,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"dapo plan: {err}", file=sys.stderr)
         return 2
+    sel = (
+        selection_saving(cfg, cluster, strategy, args.selection_acceptance)
+        if args.selection_acceptance is not None
+        else None
+    )
     if args.json:
-        print(json.dumps({**asdict(pl), "placement": asdict(place)}, indent=2))
+        print(json.dumps({**asdict(pl), "placement": asdict(place), "selection": sel}, indent=2))
     else:
-        print(format_plan(pl, cfg, cluster) + "\n\n" + format_placement(place))
+        text = format_plan(pl, cfg, cluster) + "\n\n" + format_placement(place)
+        print(text + ("\n\n" + format_selection(sel) if sel else ""))
     return 0 if pl.fits else 1

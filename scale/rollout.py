@@ -137,6 +137,8 @@ class GlobalDynamicSampler:
     _mine: list[RolloutBatch | None] = field(default_factory=list)
     _reports: list[list[_Report]] = field(default_factory=list)
     _parts_tokens: list[int] = field(default_factory=list)
+    extra_metrics: dict[str, float] = field(default_factory=dict)
+    """Metrics of the step computed elsewhere from the same global reports (prompt selection)."""
 
     @property
     def target(self) -> int:
@@ -180,6 +182,12 @@ class GlobalDynamicSampler:
         self._check_agreement(everyone)
         self._reports.append([everyone[d * self.ranks.tensor_parallel] for d in range(self.ranks.dp_size)])
         self.rounds += 1
+
+    def last_round_correct(self) -> list[int]:
+        """Correct responses per group of the last round, over every rollout group in order
+        (rollout group 0's groups, then 1's...): the same list on every rank."""
+        g = self.algo.group_size
+        return [sum(r.correct[i : i + g]) for r in self._reports[-1] for i in range(0, len(r.correct), g)]
 
     def _check_agreement(self, reports: list[_Report]) -> None:
         tp = self.ranks.tensor_parallel
@@ -300,4 +308,5 @@ class GlobalDynamicSampler:
         mean_load = sum(loads) / len(loads) if loads else 0.0
         out["sampling/accept_rate"] = self.accepted / generated if generated else math.nan
         out["sampling/rank_token_imbalance"] = max(loads) / mean_load if mean_load else math.nan
+        out.update(self.extra_metrics)
         return out

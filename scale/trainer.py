@@ -46,6 +46,7 @@ import torch
 from dapo import RolloutBatch
 from dapo.health.callback import HealthMonitor
 from dapo.health.knobs import from_config
+from dapo.prompt_selection import PromptSelection, parse_spec
 from dapo.sampling import SamplingWarning
 
 from . import bridge, heartbeat
@@ -166,6 +167,13 @@ class Trainer:
         # one prompt stream, identical on every rank: each round every rollout group takes its
         # slice of the same draw (no prompt twice in an epoch, whatever the world size)
         self.stream = PromptStream(self.problems, seed=cfg.data.shuffle_seed)
+        # algo.prompt_selection: one outcome history, updated on every rank from the same
+        # all-gathered reports, so every rank makes the same choices (dapo.prompt_selection)
+        self.selection = (
+            PromptSelection(parse_spec(cfg.algo.prompt_selection), seed=cfg.data.shuffle_seed)
+            if cfg.algo.prompt_selection != "none"
+            else None
+        )
 
         # which checkpoint to continue from, refused now if it cannot be (before the model loads)
         resume_from = self._resume_point(resume) if resume else None
@@ -197,6 +205,7 @@ class Trainer:
                 ranks=self.ranks,
                 comm=self.comm,
                 trace=self._trace if cfg.output.trace_rollouts else None,
+                selection=self.selection,
             )
             self._sync_engine()
         if self.acc.is_main_process:
@@ -701,6 +710,8 @@ class Trainer:
         this one by versions the checkpoint no longer holds) and the stream's position after
         them, where the generators continue."""
         state: dict[str, Any] = {"rng": ckpt.rng_state(), "stream": self.stream.state_dict()}
+        if self.selection is not None:
+            state["selection"] = self.selection.state_dict()
         if self.pool is not None and self.rank == 0:
             held = self.pool.in_flight(self.step)
             state["in_flight"] = held
@@ -741,6 +752,16 @@ class Trainer:
             ckpt.set_rng_state(mine["rng"])
         self.stream.load_state_dict(mine["stream"])
         self.step = int(state["step"])
+        if self.selection is not None:
+            if "selection" in mine:
+                try:
+                    self.selection.load_state_dict(mine["selection"])
+                except ValueError as e:
+                    raise ckpt.ResumeError(
+                        f"--resume: {path}: {e}; resume it with its algo.prompt_selection"
+                    ) from None
+            else:
+                self.log(f"{path} holds no prompt-selection history: algo.prompt_selection starts from none")
         if self.cfg.disaggregated and self.rank == 0:
             self.held = {int(b): msgs for b, msgs in mine.get("in_flight", {}).items()}
         self.totals = {k: float(v) for k, v in state["totals"].items()}

@@ -4,6 +4,7 @@ generate / dynamic-sampling / exchange / update / sync cycles, a DCP round trip)
 CPU processes at a small shape, and prints a verdict per item."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -56,3 +57,30 @@ def test_the_gpu_check_runs_end_to_end_on_cpu_and_gives_a_verdict_per_item(tmp_p
     assert [c["optimizer_steps"] for c in r["cycles"]] == [1, 1]
     table = ranks[0].stdout
     assert re.search(r"point-to-point exchange of the shares +pass", table) and "passed; details in" in table
+
+
+def test_the_gpu_checks_disaggregated_phase_runs_on_cpu_and_gives_a_verdict_per_item(tmp_path):
+    """``--disaggregated`` launches dapo train itself (1 FSDP2 learner + 1 vLLM generator
+    process, k = 2, partial rollouts, 4 steps) and judges placement, staleness, weights and
+    the step-1 log-prob gap; on CPU the placement item is skipped, not passed."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "gpu_check_disaggregated.json"
+    args = ["--cpu", "--disaggregated", "--layers", "2", "--vocab", "2048", "--response", "12"]
+    args += ["--bucket-mb", "4", "--max-tokens", "96", "--timeout", "240", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/gpu_check.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=330,
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "DAPO_DIST_TIMEOUT_S": "60"},
+    )
+    r = json.loads(out.read_text())
+    assert "error" not in r, (r.get("traceback"), done.stderr[-2000:])
+    verdicts = {x["item"]: x["verdict"] for x in r["items"]}
+    assert len(verdicts) == 6 and r["failed"] == [], r["items"]
+    assert verdicts["disaggregated: placement and weight transport"] == "skipped"
+    assert sum(v == "pass" for v in verdicts.values()) == 5
+    assert r["staleness_max"] == [0, 1, 2, 2] and r["weights_backend"] == "gloo"
+    assert done.returncode == 0 and "passed; details in" in done.stdout

@@ -113,3 +113,25 @@ def test_partial_rollouts_switch_forward_to_a_version_the_learner_has(step, k):
     assert step - 1 - k <= p <= step - 1
     assert p in versions_needed(1, step, k, partial=True)
     assert versions_needed(1, step, k, partial=False)[-1] == p - 1
+
+
+@given(st.integers(1, 16), st.integers(1, 16), st.integers(1, 8))
+def test_generator_gpus_own_devices_when_there_are_enough_else_shared_and_said(gpus, learners, n):
+    """Each generator gets a GPU no learner uses when the node has enough (weights over NCCL);
+    otherwise the placement says it shares (weights through host memory), and every device
+    named exists on the node."""
+    from scale.disaggregated import generator_gpus
+
+    placed, shared = generator_gpus(gpus, learners, n)
+    assert len(placed) == n and all(0 <= g < gpus for g in placed)
+    if gpus >= learners + n:
+        assert not shared and sorted(placed) == list(range(learners, learners + n))
+    else:
+        assert shared
+
+
+def test_generator_gpus_refuses_a_node_without_gpus():
+    from scale.disaggregated import generator_gpus
+
+    with pytest.raises(ValueError, match="no GPU"):
+        generator_gpus(0, 1, 1)

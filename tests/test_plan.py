@@ -133,3 +133,31 @@ def test_placement_estimate_orders_and_depends_on_the_tail():
         placement(pl, cfg, cluster, gen_gpus=6)
     fixed = placement(pl, cfg, cluster, gen_gpus=64)
     assert fixed.rows[1][1:3] == (64, 64)
+
+
+def test_selection_saving_counts_the_rounds_a_higher_acceptance_removes(capsys):
+    """--selection-acceptance: the generation time at the rate measured with prompt selection
+    against --acceptance, the rest of the plan equal; whole rounds, as the trainer generates."""
+    import json
+
+    from scale.plan import main, selection_saving
+
+    cfg = load("qwen2.5-32b-dapo", [])
+    cluster = Cluster(16, 8, 80.0)
+    s = selection_saving(cfg, cluster, Strategy(acceptance=0.15), 0.25)
+    assert (s["rounds_without"], s["rounds_with"]) == (3, 2)
+    assert s["generation_saved_s"] == pytest.approx(s["generation_s_without"] / 3)
+    assert 0 < s["step_saved_fraction"] < 1
+    same = selection_saving(cfg, cluster, Strategy(acceptance=0.233), 0.299)  # the toy's rates
+    assert same["rounds_without"] == same["rounds_with"] == 2 and same["generation_saved_s"] == 0
+    worse = selection_saving(cfg, cluster, Strategy(acceptance=0.5), 0.2)
+    assert worse["generation_saved_s"] < 0  # a selection that lowers acceptance costs time
+    with pytest.raises(ValueError, match="selection-acceptance"):
+        selection_saving(cfg, cluster, Strategy(), 0.0)
+    args = ["--config", "qwen2.5-32b-dapo", "--gpus", "8", "--gpu-mem", "80", "--nodes", "16"]
+    assert main([*args, "--acceptance", "0.15", "--selection-acceptance", "0.25"]) == 0
+    assert "prompt selection: acceptance 0.15 -> 0.25: 3 -> 2 generation round(s)" in capsys.readouterr().out
+    assert main([*args, "--selection-acceptance", "0.25", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["selection"]["acceptance_with"] == 0.25
+    assert main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["selection"] is None

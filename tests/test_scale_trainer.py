@@ -553,3 +553,66 @@ def test_two_learners_and_two_generators_equal_one_learner(tiny, tmp_path):
             {k: v for k, v in comparable(y).items() if not k.startswith(skip)},
             tol=1e-4,
         )
+
+
+SELECTION = (
+    "rollout.engine=hf",
+    "eval.every=0",
+    "algo.prompt_selection=greso",
+    "train.steps=5",
+    "output.trace_rollouts=true",
+)
+
+
+def test_prompt_selection_decides_alike_on_every_rank_and_resumes_exactly(tiny, tmp_path):
+    """algo.prompt_selection=greso: prompts are skipped before generation (sampling/* says how
+    many and why); a run stopped after step 2 and resumed logs the uninterrupted run's metrics,
+    selection included (the history is in the checkpoint); on 2 processes every rank holds the
+    same history after every step (no decision is exchanged: one history, one stream), and
+    both ranks generate every round, each its half of the draw."""
+    one, cut, two = tmp_path / "one", tmp_path / "cut", tmp_path / "two"
+    base = ["train", "--config", "tiny-cpu"]
+    r = run_cli(base + overrides(tiny, one, *SELECTION))
+    assert r.returncode == 0, r.stderr[-3000:]
+    full = metrics(one)
+    assert sum(m["sampling/skipped_prompts"] for m in full) > 0
+    for m in full:
+        assert m["sampling/offered_prompts"] == (
+            m["sampling/generated_groups"] + m["sampling/skipped_prompts"] - m["sampling/forced_prompts"]
+        )
+        assert 0 < m["sampling/selection_p_easy"] < 1 and 0 < m["sampling/selection_p_hard"] < 1
+    assert run_cli(base + overrides(tiny, cut, *SELECTION) + ["--steps", "2"]).returncode == 0
+    r = run_cli(base + overrides(tiny, cut, *SELECTION) + ["--resume", "auto"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    for x, y in zip(full, metrics(cut), strict=True):
+        assert_same(comparable(x), comparable(y))
+    # another policy cannot continue this history: one line, exit 2
+    r = run_cli(
+        base
+        + overrides(tiny, cut, *SELECTION, "algo.prompt_selection=retire", "train.steps=6")
+        + ["--resume", "auto"]
+    )
+    assert r.returncode == 2 and "prompt selection is 'greso', this run's 'retire'" in r.stderr, r.stderr[
+        -2000:
+    ]
+
+    run_script(
+        ["-m", "dapo.cli", "train", "--config", "tiny-cpu", "--quiet", *overrides(tiny, two, *SELECTION)],
+        nproc=2,
+        timeout_s=600,
+        dist_timeout_s=120,
+    )
+    for step in sorted((two / "checkpoints").glob("step_*")):
+        states = [torch.load(step / f"rank{r}.pt", weights_only=True)["selection"] for r in (0, 1)]
+        assert states[0] == states[1] and states[0]["history"], step
+    traces = [
+        [
+            x
+            for x in map(json.loads, (two / "trace" / f"rank{r}.jsonl").read_text().splitlines())
+            if "round" in x
+        ]
+        for r in (0, 1)
+    ]
+    assert len(traces[0]) == len(traces[1])  # the same rounds (global dynamic sampling)
+    for a, b in zip(*traces):
+        assert (a["step"], a["round"]) == (b["step"], b["round"]) and len(a["prompts"]) == 3

@@ -199,7 +199,7 @@ def _seed_args(p: argparse.ArgumentParser, default: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # before any torch import: --help stays instant
-    from .experiments import REGISTRY
+    from .experiments import BEYOND, REGISTRY
 
     if args.cmd in ("ladder", "factorial"):
         return _ladder(args, argv)
@@ -224,16 +224,17 @@ def main(argv: list[str] | None = None) -> int:
 
         return check_main(args, argv)
     if args.cmd == "list":
-        for name, e in REGISTRY.items():
+        for name, e in {**REGISTRY, **BEYOND}.items():
             print(f"{name:<18} {e.title}\n{'':<18} {e.paper}; arms: {', '.join(e.arms)}")
         return 0
     if args.experiment == "all":
         chosen = list(REGISTRY.values())
-    elif args.experiment in REGISTRY:
-        chosen = [REGISTRY[args.experiment]]
+    elif args.experiment in {**REGISTRY, **BEYOND}:
+        chosen = [{**REGISTRY, **BEYOND}[args.experiment]]
     else:
         raise UsageError(
-            f"run: unknown experiment {args.experiment!r}; choose from: all, {', '.join(REGISTRY)}"
+            f"run: unknown experiment {args.experiment!r}; choose from: all (the paper's four), "
+            f"{', '.join([*REGISTRY, *BEYOND])}"
         )
     return run(
         chosen,

@@ -65,7 +65,13 @@ Log = list[dict[str, float]]
 
 def batch_key(spec: RunSpec) -> tuple | None:
     """Runs with equal keys can share a batch; None for a run only the per-run loop can do."""
-    if spec.policy != "tabular" or spec.engine_noise > 0 or spec.lr_boost != 1.0:
+    if (
+        spec.policy != "tabular"
+        or spec.engine_noise > 0
+        or spec.lr_boost != 1.0
+        or spec.selection is not None
+        or spec.drift_at is not None
+    ):
         return None
     c = spec.cfg
     return (

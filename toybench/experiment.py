@@ -34,6 +34,10 @@ class Arm:
     ``lr_boost``, ``lr_boost_from``, ``nan_steps``)."""
     loss: str = "dapo"
     """The policy loss (a :func:`toybench.losses.resolve` spec; see ``dapo toy check``)."""
+    selection: str | None = None
+    """Prompt selection before generation (:attr:`toybench.runner.RunSpec.selection`)."""
+    drift_at: int | None = None
+    """The step the task drifts at (:attr:`toybench.runner.RunSpec.drift_at`)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,8 @@ class Experiment:
             policy=policy,
             task_kwargs=dict(a.task_kwargs),
             loss=a.loss,
+            selection=a.selection,
+            drift_at=a.drift_at,
             **a.faults,
         )
 

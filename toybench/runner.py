@@ -4,12 +4,14 @@ dynamic sampling -> ``dapo.update``. One call, one seed, one list of per-step me
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from dapo import AlgoConfig, DynamicSampler, RolloutBatch, SamplingWarning, config_reward, update
+from dapo.prompt_selection import PromptSelection, parse_spec, select
 
 from .losses import resolve as resolve_loss
 from .policies import POLICIES, TabularPolicy, ToyPolicy
@@ -67,6 +69,16 @@ class RunSpec:
     """Partial rollouts: a weight update interrupts each response at a cut drawn uniformly
     from positions 0..T (its own stream per seed, step and round): tokens before the cut
     come from version ``s - staleness - 1``, the rest from ``s - staleness``."""
+    selection: str | None = None
+    """Prompt selection before generation (a spec of ``AlgoConfig.prompt_selection``: ``none``,
+    ``greso``, ``retire``, ``pools``, options after a colon): prompts come from a stream (each epoch a
+    seeded permutation, as a data loader's) and the policy decides which to generate; a round
+    holds ``train_groups`` prompts (after one pass of offers, the stream's next ones are taken
+    undecided, as ``scale.generator`` does). None:
+    prompts drawn uniformly with replacement (every other experiment). Per-run loop only."""
+    drift_at: int | None = None
+    """From this step on the task is its ``drifted=True`` variant (``prompt_pool``): prompts
+    whose requirement changed become informative again. Per-run loop only."""
     mismatch: str | None = None
     """Engine precision: the engine's logits are rounded to ``bf16`` or ``fp8`` (e4m3)
     before its softmax, for sampling and for the log-probs it reports; the trainer computes
@@ -93,11 +105,21 @@ def make_policy(spec: RunSpec, task: TokenTask, generator: torch.Generator) -> T
 
 
 def rollout_round(
-    policy: ToyPolicy, task: TokenTask, cfg: AlgoConfig, n_groups: int, generator: torch.Generator
+    policy: ToyPolicy,
+    task: TokenTask,
+    cfg: AlgoConfig,
+    n_groups: int,
+    generator: torch.Generator,
+    chosen: list[int] | None = None,
 ) -> RolloutBatch:
-    """Sample ``n_groups`` prompts (uniformly, with replacement) x G responses each."""
+    """Sample ``n_groups`` prompts (uniformly, with replacement; or the ``chosen`` ones) x G
+    responses each."""
     g = cfg.group_size
-    prompts = torch.randint(task.num_prompts, (n_groups,), generator=generator).repeat_interleave(g)
+    if chosen is None:
+        picked = torch.randint(task.num_prompts, (n_groups,), generator=generator)
+    else:
+        picked = torch.tensor(chosen, dtype=torch.long)
+    prompts = picked.repeat_interleave(g)
     tokens = policy.sample(prompts, generator)
     lengths, truncated = episode_end(tokens, task.max_len)
     u = torch.rand(prompts.shape[0], generator=generator, dtype=torch.float64)
@@ -160,6 +182,24 @@ def _best_paths(task: TokenTask) -> torch.Tensor:
     return (task.quality * feasible).argmax(dim=1) + 1  # token id of the best path
 
 
+def prompt_stream(n: int, seed: int) -> Iterator[int]:
+    """Prompt indices, epoch after epoch, each epoch a permutation of ``range(n)`` from its own
+    generator (the training stream never perturbs the run's sampling stream)."""
+    gen = torch.Generator().manual_seed(seed * 7_919 + 104_729)
+    while True:
+        yield from torch.randperm(n, generator=gen).tolist()
+
+
+def _drift(spec: RunSpec) -> tuple[TokenTask, torch.Tensor] | None:
+    """The drifted task and the prompts whose requirement changed (None without drift)."""
+    if spec.drift_at is None:
+        return None
+    before = make_task(spec)
+    after = TASKS[spec.task](**{**spec.task_kwargs, "drifted": True})
+    changed = ((after.need_work != before.need_work) | (after.quality != before.quality)).any(1)
+    return after, changed
+
+
 def train(spec: RunSpec) -> list[dict[str, float]]:
     """Run ``spec`` and return one metrics dict per step (the ``dapo.metrics`` schema plus
     ``toy/*`` and cumulative cost counters)."""
@@ -188,12 +228,23 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
 
     log: list[dict[str, float]] = []
     totals = {"responses": 0.0, "tokens": 0.0, "opt_steps": 0.0, **dict.fromkeys(SIM_TAILS, 0.0)}
+    selection = PromptSelection(parse_spec(spec.selection), seed=spec.seed) if spec.selection else None
+    stream = prompt_stream(task.num_prompts, spec.seed)
+    drift = _drift(spec)
     for step in range(spec.steps):
+        if drift is not None and step == spec.drift_at:
+            task = policy.task = drift[0]
         sampler = DynamicSampler.for_config(cfg)
         truncated = on_track = 0
         gen_time = dict.fromkeys(SIM_TAILS, 0.0)
         while not sampler.done:
-            rb = rollout_round(policy, task, cfg, cfg.train_groups, gen)
+            chosen = None
+            if selection is not None:  # as the trainer: one pass of offers, then fill the round
+                chosen, _ = select(selection, stream, cfg.train_groups, step, task.num_prompts, fill=True)
+            rb = rollout_round(policy, task, cfg, cfg.train_groups, gen, chosen)
+            if selection is not None and chosen is not None:
+                n_correct = rb.correct.view(-1, cfg.group_size).sum(1).tolist()
+                selection.observe(chosen, n_correct, cfg.group_size, step)
             truncated += int(rb.truncated.sum())
             on_track += int(rb.extras["on_track"].sum())
             for name, t in round_times(rb.lengths.view(1, -1), [spec.seed], step, sampler.rounds).items():
@@ -202,6 +253,10 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
         m: dict[str, float] = {"step": float(step)}
         with torch.no_grad():
             m.update(_policy_metrics(policy, all_prompts, best, step))
+            if drift is not None and isinstance(policy, TabularPolicy):
+                m["toy/expected_accuracy_drifted"] = float(policy.exact_accuracy()[drift[1]].mean())
+        if selection is not None:
+            m.update(selection.end_step())
         with warnings.catch_warnings():  # recorded as sampling/underfilled instead
             warnings.simplefilter("ignore", SamplingWarning)
             batch = sampler.take()

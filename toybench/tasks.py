@@ -238,10 +238,38 @@ def composite_task() -> TokenTask:
     )
 
 
+def prompt_pool_task(drifted: bool = False, prompts: int = 64) -> TokenTask:
+    """Prompt selection (issue 33): many prompts whose difficulty drifts as the policy learns.
+    ``prompts`` prompts, 5 paths, one right (deterministic) path each whose prior logit runs
+    from 3.5 (~90%: solved within a few steps, then all-correct groups) down to -5 (~0.2%:
+    all-wrong for most of the horizon); the rest of the work needs no minimum length, as in
+    :func:`zero_grad_task`. ``drifted``: the easiest quarter of the prompts now needs 3 work
+    tokens before the answer counts (a regression, or a stricter verifier): prompts solved and
+    set aside become informative again, the case where skipping them costs accuracy."""
+    k = 5
+    quality = torch.zeros(prompts, k, dtype=torch.float64)
+    right = torch.arange(prompts) % k
+    quality[torch.arange(prompts), right] = 1.0
+    prior = torch.zeros(prompts, k, dtype=torch.float64)
+    prior[torch.arange(prompts), right] = torch.linspace(3.5, -5.0, prompts, dtype=torch.float64)
+    need = torch.zeros(prompts, k, dtype=torch.long)
+    if drifted:
+        need[: prompts // 4, :] = 3
+    return TokenTask(
+        name="prompt_pool_drifted" if drifted else "prompt_pool",
+        quality=quality,
+        need_work=need,
+        max_len=6,
+        prior_path=prior,
+        prior_stop=0.5,
+    )
+
+
 TASKS = {
     "entropy": entropy_task,
     "zero_grad": zero_grad_task,
     "length": length_task,
     "truncation": truncation_task,
     "composite": composite_task,
+    "prompt_pool": prompt_pool_task,
 }
