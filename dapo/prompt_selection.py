@@ -59,8 +59,6 @@ class PromptRecord:
     streak: int = 0
     """Consecutive zero-variance groups up to the last: ``+z`` all correct, ``-z`` all wrong,
     0 when the last group was informative."""
-    retired: bool = False
-    """:class:`RetireSolved`: its last group reached the pass rate."""
 
     @property
     def pass_rate(self) -> float:
@@ -93,14 +91,8 @@ class SelectionPolicy(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-@dataclass
-class NoSelection:
-    """Every prompt is drawn."""
-
-    name: str = "none"
-
-    def keep_probability(self, record: PromptRecord | None) -> tuple[float, str]:
-        return 1.0, "unseen" if record is None else "seen"
+class _Fixed:
+    """A policy that does not adapt: nothing to learn after a step, nothing to checkpoint."""
 
     def adapt(self, easy_share: float, hard_share: float) -> None:
         pass
@@ -110,6 +102,16 @@ class NoSelection:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
+
+
+@dataclass
+class NoSelection(_Fixed):
+    """Every prompt is drawn."""
+
+    name: str = "none"
+
+    def keep_probability(self, record: PromptRecord | None) -> tuple[float, str]:
+        return 1.0, "unseen" if record is None else "seen"
 
 
 def _zero_variance_class(record: PromptRecord | None) -> str:
@@ -175,7 +177,7 @@ class Greso:
 
 
 @dataclass
-class RetireSolved:
+class RetireSolved(_Fixed):
     """Retire a prompt once a group of it reaches ``pass_rate``; draw it again with
     probability ``revisit`` (a revisited prompt that falls below the rate comes back)."""
 
@@ -188,22 +190,13 @@ class RetireSolved:
             raise ValueError("retire: need 0 < pass_rate <= 1 and 0 < revisit <= 1")
 
     def keep_probability(self, record: PromptRecord | None) -> tuple[float, str]:
-        if record is not None and record.retired:
+        if record is not None and record.groups and record.pass_rate >= self.pass_rate:
             return self.revisit, "retired"
         return 1.0, _zero_variance_class(record)
 
-    def adapt(self, easy_share: float, hard_share: float) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
 
 @dataclass
-class DifficultyPools:
+class DifficultyPools(_Fixed):
     """Draw prompts in proportion to the weight of their pool (by last pass rate): hard up to
     ``hard_max``, normal up to ``normal_max``, easy above; unseen prompts weigh ``unseen``."""
 
@@ -227,15 +220,6 @@ class DifficultyPools:
         rate = record.pass_rate
         pool = "hard" if rate <= self.hard_max else "normal" if rate <= self.normal_max else "easy"
         return float(getattr(self, pool)) / top, pool
-
-    def adapt(self, easy_share: float, hard_share: float) -> None:
-        pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
 
 
 POLICIES: dict[str, type] = {
@@ -346,9 +330,6 @@ class PromptSelection:
             rec.groups += 1
             rec.last_step = step
             rec.last_correct, rec.last_size = c, group_size
-            threshold = getattr(self.policy, "pass_rate", None)
-            if threshold is not None:
-                rec.retired = c / group_size >= threshold
             self.generated += 1
             self.informative += not uniform_group
             self.easy += c == group_size
@@ -362,7 +343,9 @@ class PromptSelection:
             "sampling/offered_prompts": float(self.offered),
             "sampling/skipped_prompts": float(self.skipped),
             "sampling/forced_prompts": float(self.forced),
-            "sampling/retired_prompts": float(sum(r.retired for r in self.history.values())),
+            "sampling/retired_prompts": float(
+                sum(self.policy.keep_probability(r)[1] == "retired" for r in self.history.values())
+            ),
             "sampling/informative_groups": float(self.informative),
             "sampling/predicted_informative_rate": sum(predicted) / len(predicted) if predicted else math.nan,
             "sampling/realised_informative_rate": self.informative / n if n else math.nan,

@@ -6,7 +6,8 @@ one tensor-parallel vLLM-CPU engine per node (2 rollout groups of 2 ranks), glob
 sampling, the streaming weight sync, packed token-budget micro-batches and sharded
 checkpoints:
 
-1. an uninterrupted run of 3 steps;
+1. an uninterrupted run of 3 steps, with prompt selection (``algo.prompt_selection=greso``:
+   every rank must hold the same selection history at every checkpoint);
 2. the same run, killed (SIGKILL to both "nodes") while step 3 is in progress;
 3. that run resumed with ``--resume auto``;
 4. the killed run's checkpoint resumed on 2 processes, and a run on 2 processes stopped after
@@ -151,6 +152,22 @@ def _wait(procs: list[subprocess.Popen[bytes]], timeout_s: float, what: str) -> 
                 f"{what} did not finish within {timeout_s:.0f} s; every rank was killed"
             ) from None
     return [p.returncode for p in procs]
+
+
+SELECTION = "algo.prompt_selection=greso"
+"""The main runs select prompts before generating (:mod:`dapo.prompt_selection`)."""
+
+
+def _same_selection(run: Path, world: int) -> bool:
+    """Every checkpoint's ranks hold one prompt-selection history (none is exchanged)."""
+    import torch
+
+    steps = sorted((run / "checkpoints").glob("step_*"))
+    for step in steps:
+        states = [torch.load(step / f"rank{r}.pt", weights_only=True).get("selection") for r in range(world)]
+        if states[0] is None or any(s != states[0] for s in states):
+            return False
+    return bool(steps)
 
 
 def _metrics(out: Path) -> list[dict[str, Any]]:
@@ -460,6 +477,7 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
         build_tiny_model(model)
     train, ev = build_tiny_data(out / "tiny-data")
     overrides = [f"model.path={model}", f"data.train={train}", f"data.eval={ev}"]
+    selected = [*overrides, SELECTION]  # the main runs choose prompts before generating
     cfg = load("tiny-cpu-fsdp", overrides)
     steps = cfg.train.steps
     a, b = out / "uninterrupted", out / "interrupted"
@@ -468,15 +486,13 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
     report: dict[str, Any] = {"nodes": nodes, "procs_per_node": per_node, "steps": steps, "checks": {}}
     t0 = time.monotonic()
 
-    rc = _wait(
-        _launch(a, overrides, nodes, per_node, logs / "uninterrupted", ["--fresh"]), timeout_s, "run A"
-    )
+    rc = _wait(_launch(a, selected, nodes, per_node, logs / "uninterrupted", ["--fresh"]), timeout_s, "run A")
     report["uninterrupted_exit"] = rc
     report["uninterrupted_s"] = round(time.monotonic() - t0, 1)
 
     # B: killed while the last step runs (its predecessor's checkpoint is on disk)
     t1 = time.monotonic()
-    procs = _launch(b, overrides, nodes, per_node, logs / "interrupted", ["--fresh"])
+    procs = _launch(b, selected, nodes, per_node, logs / "interrupted", ["--fresh"])
     before = b / "checkpoints" / f"step_{steps - 1:06d}"
     end = time.monotonic() + timeout_s
     while not (before / "trainer_state.json").is_file():
@@ -494,7 +510,7 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
     killed_last = (b / "checkpoints" / f"step_{steps:06d}" / "trainer_state.json").is_file()
     report["killed_after_rows"] = killed_rows
     rc_resume = _wait(
-        _launch(b, overrides, nodes, per_node, logs / "resumed", ["--resume", "auto"]), timeout_s, "resume"
+        _launch(b, selected, nodes, per_node, logs / "resumed", ["--resume", "auto"]), timeout_s, "resume"
     )
     report["resumed_exit"] = rc_resume
     report["interrupted_and_resumed_s"] = round(time.monotonic() - t1, 1)
@@ -529,6 +545,11 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
         ),
         "the resumed run traced what the uninterrupted one traced": bool(_traces(a))
         and _traces(a) == _traces(b),
+        "prompt selection skipped prompts, and every rank held the same history at every checkpoint": sum(
+            r.get("sampling/skipped_prompts") or 0 for r in full
+        )
+        > 0
+        and _same_selection(a, nodes * per_node),
     }
     # another world size: the killed run's checkpoint resumed on half the processes, and a run
     # on half the processes stopped after step `steps - 1` and resumed on all of them
@@ -537,7 +558,7 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
     rc_fewer = _wait(
         _launch(
             on_two,
-            overrides,
+            selected,
             fewer_nodes,
             fewer // fewer_nodes,
             logs / "resumed-on-fewer",
@@ -550,7 +571,7 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
     rc_grow = _wait(
         _launch(
             grown,
-            overrides,
+            selected,
             fewer_nodes,
             fewer // fewer_nodes,
             logs / "before-growing",
@@ -560,7 +581,7 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
         "the run on fewer processes",
     )
     rc_grow += _wait(
-        _launch(grown, overrides, nodes, per_node, logs / "resumed-on-more", ["--resume", "auto"]),
+        _launch(grown, selected, nodes, per_node, logs / "resumed-on-more", ["--resume", "auto"]),
         timeout_s,
         "the resume on more processes",
     )

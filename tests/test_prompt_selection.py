@@ -31,7 +31,6 @@ records = st.builds(
     last_correct=st.integers(0, G),
     last_size=st.just(G),
     streak=st.integers(-30, 30),
-    retired=st.booleans(),
 )
 
 
@@ -221,10 +220,11 @@ def test_greso_keeps_with_probability_p_to_the_streak():
 def test_retire_when_solved_retires_at_the_pass_rate_and_brings_back_what_fails_again():
     sel = PromptSelection(RetireSolved(pass_rate=1.0, revisit=0.05))
     sel.observe([1, 2], [G, G - 1], G, 0)
-    assert sel.history[1].retired and not sel.history[2].retired
     assert sel.policy.keep_probability(sel.history[1]) == (0.05, "retired")
+    assert sel.policy.keep_probability(sel.history[2]) == (1.0, "informative")
+    assert sel.end_step()["sampling/retired_prompts"] == 1.0
     sel.observe([1], [3], G, 5)  # revisited, and no longer solved
-    assert not sel.history[1].retired
+    assert sel.policy.keep_probability(sel.history[1]) == (1.0, "informative")
     assert sel.end_step()["sampling/retired_prompts"] == 0.0
 
 

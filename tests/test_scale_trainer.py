@@ -560,17 +560,16 @@ SELECTION = (
     "eval.every=0",
     "algo.prompt_selection=greso",
     "train.steps=5",
-    "output.trace_rollouts=true",
 )
 
 
-def test_prompt_selection_decides_alike_on_every_rank_and_resumes_exactly(tiny, tmp_path):
+def test_prompt_selection_resumes_exactly(tiny, tmp_path):
     """algo.prompt_selection=greso: prompts are skipped before generation (sampling/* says how
     many and why); a run stopped after step 2 and resumed logs the uninterrupted run's metrics,
-    selection included (the history is in the checkpoint); on 2 processes every rank holds the
-    same history after every step (no decision is exchanged: one history, one stream), and
-    both ranks generate every round, each its half of the draw."""
-    one, cut, two = tmp_path / "one", tmp_path / "cut", tmp_path / "two"
+    selection included (the history is in the checkpoint); another policy cannot continue it.
+    On several processes (every rank the same history at every checkpoint, resumed on fewer and
+    on more processes): the rehearsal's main runs (scale/rehearsal.py, in CI)."""
+    one, cut = tmp_path / "one", tmp_path / "cut"
     base = ["train", "--config", "tiny-cpu"]
     r = run_cli(base + overrides(tiny, one, *SELECTION))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -592,27 +591,5 @@ def test_prompt_selection_decides_alike_on_every_rank_and_resumes_exactly(tiny, 
         + overrides(tiny, cut, *SELECTION, "algo.prompt_selection=retire", "train.steps=6")
         + ["--resume", "auto"]
     )
-    assert r.returncode == 2 and "prompt selection is 'greso', this run's 'retire'" in r.stderr, r.stderr[
-        -2000:
-    ]
-
-    run_script(
-        ["-m", "dapo.cli", "train", "--config", "tiny-cpu", "--quiet", *overrides(tiny, two, *SELECTION)],
-        nproc=2,
-        timeout_s=600,
-        dist_timeout_s=120,
-    )
-    for step in sorted((two / "checkpoints").glob("step_*")):
-        states = [torch.load(step / f"rank{r}.pt", weights_only=True)["selection"] for r in (0, 1)]
-        assert states[0] == states[1] and states[0]["history"], step
-    traces = [
-        [
-            x
-            for x in map(json.loads, (two / "trace" / f"rank{r}.jsonl").read_text().splitlines())
-            if "round" in x
-        ]
-        for r in (0, 1)
-    ]
-    assert len(traces[0]) == len(traces[1])  # the same rounds (global dynamic sampling)
-    for a, b in zip(*traces):
-        assert (a["step"], a["round"]) == (b["step"], b["round"]) and len(a["prompts"]) == 3
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "prompt selection is 'greso', this run's 'retire'" in r.stderr and "Traceback" not in r.stderr
