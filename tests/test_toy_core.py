@@ -134,6 +134,7 @@ TASK_DIGESTS = {
     "length": "7c301621c4187adb",
     "truncation": "43e8175ed4b1a045",
     "composite": "3212f9238798656a",
+    "prompt_pool": "3044fc125e36511d",  # reports/prompt_selection/ (dapo toy run prompt_selection)
 }
 
 
