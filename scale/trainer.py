@@ -740,6 +740,16 @@ class Trainer:
                 f"{k}: the batches in flight at a checkpoint belong to its k; resume it with "
                 f"rollout.max_staleness={written_k}"
             )
+        # a history belongs to its policy (checked here, before the model loads)
+        mine = self.cfg.algo.prompt_selection.partition(":")[0]
+        theirs = str(state.get("config", {}).get("algo", {}).get("prompt_selection", "none")).partition(":")[
+            0
+        ]
+        if mine != "none" and theirs not in ("none", mine):
+            raise ckpt.ResumeError(
+                f"--resume: {path}: the checkpoint's prompt selection is {theirs!r}, this run's {mine!r}; "
+                f"resume it with algo.prompt_selection={theirs}"
+            )
         return path, state
 
     def _resume(self, path: Path, state: dict[str, Any]) -> None:
@@ -752,14 +762,9 @@ class Trainer:
             ckpt.set_rng_state(mine["rng"])
         self.stream.load_state_dict(mine["stream"])
         self.step = int(state["step"])
-        if self.selection is not None:
+        if self.selection is not None:  # its policy was checked by _resume_point
             if "selection" in mine:
-                try:
-                    self.selection.load_state_dict(mine["selection"])
-                except ValueError as e:
-                    raise ckpt.ResumeError(
-                        f"--resume: {path}: {e}; resume it with its algo.prompt_selection"
-                    ) from None
+                self.selection.load_state_dict(mine["selection"])
             else:
                 self.log(f"{path} holds no prompt-selection history: algo.prompt_selection starts from none")
         if self.cfg.disaggregated and self.rank == 0:
