@@ -183,6 +183,55 @@ def test_not_learning_ceiling_flat_and_learning():
     assert status(learning, "not_learning").status == "healthy"
 
 
+def test_a_negative_kl_is_no_kl_and_warns():
+    """A "KL" that sits at -0.5 (a log-prob difference logged with its sign flipped, as in a
+    public custom trainer's log) is a bug, not a healthy small KL; a k1 batch mean that dips
+    just below 0 by noise is not."""
+    bad = [{"step": i, "actor/ref_kl": -0.5 - 0.02 * (i % 3)} for i in range(1, 41)]
+    f = status(bad, "kl_blowup")
+    assert f.status == "warning" and "sign" in f.evidence and f.start_step == 1
+    noisy = [{"step": i, "actor/ref_kl": 0.002 * ((i % 5) - 2.5)} for i in range(1, 41)]
+    assert status(noisy, "kl_blowup").status == "healthy"
+
+
+def test_not_learning_needs_the_absence_of_a_rise_shown_not_assumed():
+    """8 noisy rows whose reward does not rise significantly, but within whose noise a rise that
+    counts still lies, cannot say 'not learning' (the author of such a log: 'no clear upward
+    trend yet - need more steps'); 6 rows flat to the fourth digit can."""
+    noisy = [0.25, 0.03, 0.5, 0.22, 0.31, 0.19, 0.09, 0.41]
+    f = status([{"step": i + 1, "rollout/reward_mean": v} for i, v in enumerate(noisy)], "not_learning")
+    assert f.status == "unknown" and f.reason == "too few steps" and "neither a rise" in f.evidence
+    tight = [0.2056, 0.2061, 0.2058, 0.2064, 0.2059, 0.2062]
+    f = status([{"step": 259 + i, "rollout/reward_mean": v} for i, v in enumerate(tight)], "not_learning")
+    assert f.status == "warning" and "not rising" in f.evidence
+    rising = [0.1, 0.12, 0.2, 0.22, 0.3, 0.33, 0.41, 0.45]
+    f = status([{"step": i + 1, "rollout/reward_mean": v} for i, v in enumerate(rising)], "not_learning")
+    assert f.status == "healthy"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    gaps=st.lists(st.integers(1, 40), min_size=2, max_size=30),
+    min_points=st.integers(1, 5),
+    window=st.integers(1, 20),
+)
+def test_head_and_tail_hold_min_points_rows_however_unevenly_logged(gaps, min_points, window):
+    """A log sampled unevenly (rows a user picked, a logger that skips) must not leave a window
+    of one or two rows whose mean and noise the rules then trust: head and tail are a prefix
+    and a suffix of the rows, each with at least ``min_points`` of them (or all there are)."""
+    from dapo.health.series import Series
+
+    steps = [1.0]
+    for g in gaps:
+        steps.append(steps[-1] + g)
+    s = Series(steps, [float(i) for i in range(len(steps))])
+    c = HealthConfig(window=window, min_points=min_points)
+    head, tail = s.head(c), s.tail(c)
+    want = min(min_points, len(s))
+    assert len(head) >= want and len(tail) >= want
+    assert head == s.values[: len(head)] and tail == s.values[len(s) - len(tail) :]
+
+
 # ---- length, truncation, mismatch ------------------------------------------------------------------
 
 
@@ -338,6 +387,32 @@ def test_gradients_early_blowup_zero_runs_nan_and_skips():
     assert f.status == "healthy" and "1 spike(s)" in f.evidence and "isolated" in f.evidence
     two = [{**r, "actor/grad_norm": 6.0 if r["step"] in (16, 30) else r["actor/grad_norm"]} for r in steady]
     assert status(two, "gradients").status == "warning"
+
+
+def test_a_few_spikes_a_learning_run_came_back_from_need_nothing_done():
+    """A reference run (verl's AMD GRPO baseline: 8 spikes in 1,119 rows, one 151x the median,
+    reward 0.55 -> 0.98) is healthy with its spikes in the evidence; the same spikes in a run
+    that does not learn, or that is still spiking, are not; recurring ones stay a warning."""
+    spikes = {102: 1.9, 431: 5.1, 432: 2.9, 557: 1.5, 1036: 19.0}
+    learning = [
+        {
+            "step": i,
+            "actor/grad_norm": spikes.get(i, 0.12 + 0.01 * (i % 3)),
+            "rollout/reward_mean": 0.55 + 0.4 * i / 1100 + 0.01 * (i % 2),
+        }
+        for i in range(1, 1100)
+    ]
+    f = status(learning, "gradients")
+    assert f.status == "healthy" and "isolated" in f.evidence and "kept learning" in f.evidence
+    flat = [{**r, "rollout/reward_mean": 0.5 + 0.01 * (r["step"] % 2)} for r in learning]
+    assert status(flat, "gradients").status == "failing"  # a blow-up, and nothing learned
+    still = [{**r, "actor/grad_norm": 3.0 if r["step"] > 1090 else r["actor/grad_norm"]} for r in learning]
+    assert status(still, "gradients").status == "failing"  # still spiking at the end
+    recurring = [
+        {**r, "actor/grad_norm": 5.0 if r["step"] % 10 == 0 else r["actor/grad_norm"]} for r in learning
+    ]
+    f = status(recurring, "gradients")
+    assert f.status == "warning" and "kept learning" in f.evidence
     skipped = [
         {
             "step": i,
@@ -387,6 +462,19 @@ def test_verdict_inconclusive_when_most_rules_cannot_judge():
     assert "12 of 13 rules could not judge" in v.headline() and "not logged" in v.headline()
     failing = [{**r, "rollout/truncation_rate": 1.0} for r in only_trunc]
     assert verdict(diagnose(failing)).status == "failing"  # evidence of a failure stands on its own
+
+
+def test_a_rising_reward_and_a_calm_loss_are_not_enough_to_call_a_run_healthy():
+    """A public log whose author calls the run a collapse logged only a reward that rose and a
+    policy loss: the loss of a policy-gradient method sits near 0 by construction, so it is no
+    evidence that the updates are stable; a gradient norm or a KL is."""
+    run = [
+        {"step": 20 * i, "rollout/accuracy": 0.5 + 0.005 * i + 0.02 * (i % 2), "actor/loss": 0.01 * (i % 3)}
+        for i in range(1, 22)
+    ]
+    assert verdict(diagnose(run)).status == "inconclusive"
+    with_grad = [{**r, "actor/grad_norm": 0.3 + 0.01 * (r["step"] % 3)} for r in run]
+    assert verdict(diagnose(with_grad)).status == "healthy"
 
 
 @settings(max_examples=60, deadline=None)

@@ -244,6 +244,42 @@ def test_unknown_format_names_the_formats_tried_and_the_first_line(tmp_path):
         read_runs(b)
 
 
+def test_tables_a_script_prints_with_spaces_or_a_rule_under_the_header(tmp_path):
+    """Two tables found in public logs the readers used to refuse: columns aligned with spaces
+    with rows elided by '...' (a TRL issue), and a '|' table with a rule of dashes under its
+    header at the end of a verbose custom-trainer log; a 'step 5 loss 0.3' line is a row of
+    another format, never a header."""
+    spaced = tmp_path / "issue.txt"
+    spaced.write_text(
+        "Step  loss  grad_norm  reward_mean  clipped_ratio  mean_length\n"
+        "1     0     0          0            1.0            256\n"
+        "2     0     0          0            1.0            256\n"
+        "...\n"
+        "10    0     0          0            1.0            256\n"
+    )
+    runs, _, fmt = read_runs(spaced)
+    (run,) = runs.values()
+    assert fmt == "hf-table" and [r["step"] for r in run] == [1, 2, 10]
+    assert run[-1]["rollout/truncation_rate"] == 1.0 and run[-1]["rollout/length_mean"] == 256
+    ruled = tmp_path / "debug.log"
+    ruled.write_text(
+        "🎯 FINAL SUMMARY:\n  Initial model performance: 0.4266\n\n📋 Per-step overview:\n"
+        "Step |    Pre |      KL |  GradN\n"
+        "--------------------------------\n"
+        "   1 |  0.427 |  -0.484 |  20.18\n"
+        "   2 |  0.391 |  -0.523 |  21.08\n"
+        "   3 |  0.432 |  -0.492 |  19.25\n"
+    )
+    runs, _, fmt = read_runs(ruled)
+    (run,) = runs.values()
+    assert fmt == "hf-table" and [r["step"] for r in run] == [1, 2, 3]
+    assert run[0]["actor/ref_kl"] == -0.484 and run[2]["actor/grad_norm"] == 19.25
+    kv = tmp_path / "kv.log"
+    kv.write_text("".join(f"step {i} loss {0.1 * i:.2f} reward {0.2 + 0.01 * i:.2f}\n" for i in range(1, 9)))
+    with pytest.raises(RunLogError, match="no line is a metric row"):
+        read_runs(kv)  # no header was made of its first row
+
+
 def test_each_sample_is_detected_as_its_format():
     expect = {
         CAL / "verl-data-deepseek-7b-ppo-gsm8k.log": "verl-console",

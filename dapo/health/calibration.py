@@ -3,8 +3,13 @@
 ``SOURCES.json`` in the calibration directory lists each log with its provenance, the
 authors' verdict (``healthy`` / ``warning`` / ``failing``, or null where nobody judged the
 run) and the problem they named; ``expected`` holds the verdict this tool is held to, and
-``why`` explains every case where that is not the authors' verdict. This module diagnoses
-each log and writes the confusion table (authors against ours) to ``reports/health/``:
+``why`` explains every case where that is not the authors' verdict. ``batch`` says how the log
+came in: ``development`` logs were in view while the rules were shaped; a ``held-out-N`` batch
+was gathered by someone who saw neither the rules nor their verdicts, and ``first_pass`` keeps
+the verdict the tool gave it the first time, before anything was changed for it. First-pass
+agreement on a held-out batch is the figure that says how the rules carry to logs nobody here
+chose; what changed after it is said in ``why``. This module diagnoses each log and writes the
+confusion tables (authors against ours, per batch and in all) to ``reports/health/``:
 
     python -m dapo.health.calibration [--data tests/data/health/calibration] [--out reports/health]
 """
@@ -79,33 +84,71 @@ def _count(rows: list[dict[str, Any]], authors: str, ours: str) -> int:
     return sum(r["authors_verdict"] == authors and r["ours"]["verdict"] == ours for r in rows)
 
 
+BATCHES = ("development", "held-out-1", "held-out-2")
+"""The batches in the order they came in (see the module's docstring)."""
+
+
+def batch(row: dict[str, Any]) -> str:
+    return str(row.get("batch", "development"))
+
+
+def agreement(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """(runs whose verdict is the authors', runs the authors judged)."""
+    judged = [r for r in rows if r["authors_verdict"]]
+    return sum(r["agrees"] for r in judged), len(judged)
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """One paragraph: the logs, the agreement, the two errors that matter most."""
+    same, judged = agreement(rows)
+    done = [r for r in rows if r["authors_verdict"]]
+    missed = _count(done, "failing", "healthy") + _count(done, "warning", "healthy")
+    frameworks = len({r["framework"].split()[0].lower().strip("(,") for r in rows})
+    blind = [r for r in done if r.get("first_pass")]
+    first = (
+        f" The first time the tool saw them, before any change made for them, it agreed on "
+        f"{sum(r['first_pass'] == r['authors_verdict'] for r in blind)} of {len(blind)} "
+        f"({sum(r.get('first_pass') == 'unreadable' for r in rows)} unreadable)."
+        if blind
+        else ""
+    )
+    return (
+        f"{len(rows)} logs, {judged} with a verdict from their authors or a maintainer, {frameworks} frameworks "
+        f"or trainers. Ours is the same on {same} ({same / max(1, judged):.0%}); it calls healthy {missed} run(s) "
+        f"their authors call failing or warning, and failing {_count(done, 'healthy', 'failing')} run(s) their "
+        "authors call healthy. Where a verdict differs, `why` in SOURCES.json says why." + first
+    )
+
+
+def table_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The confusion table, authors' verdicts in rows, ours in columns."""
+    table = confusion(rows)
+    ours = [*VERDICTS, "unreadable"]
+    lines = ["| authors \\ ours | " + " | ".join(ours) + " |", "|---|" + "---|" * len(ours)]
+    for authors in ("healthy", "warning", "failing", "not judged"):
+        if authors in table:
+            lines.append(f"| {authors} | " + " | ".join(str(table[authors].get(o, 0)) for o in ours) + " |")
+    return lines
+
+
 def write(rows: list[dict[str, Any]], out: Path, command: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "calibration.json").write_text(json.dumps(rows, indent=2) + "\n")
-    table = confusion(rows)
-    ours = [*VERDICTS, "unreadable"]
-    judged = [r for r in rows if r["authors_verdict"]]
     lines = [
         "# `dapo diagnose` against the authors' verdicts on real public logs",
         "",
         f"Command: `{command}`. Logs, provenance and the authors' words: `tests/data/health/calibration/SOURCES.json`.",
         "",
-        f"{len(rows)} logs, {len(judged)} with a verdict from their authors or a maintainer, "
-        f"{len({r['framework'].split()[0].lower().strip('(,') for r in rows})} frameworks or trainers. Ours is the same on "
-        f"{sum(r['agrees'] for r in judged)} ({sum(r['agrees'] for r in judged) / max(1, len(judged)):.0%}); it calls healthy {_count(judged, 'failing', 'healthy') + _count(judged, 'warning', 'healthy')} "
-        f"run(s) their authors call failing or warning, and failing {_count(judged, 'healthy', 'failing')} run(s) their "
-        "authors call healthy (each with its reason below). Where a verdict differs, `why` in SOURCES.json says why.",
-        "",
-        "| authors \\ ours | " + " | ".join(ours) + " |",
-        "|---|" + "---|" * len(ours),
     ]
-    for authors in ("healthy", "warning", "failing", "not judged"):
-        if authors in table:
-            lines.append(f"| {authors} | " + " | ".join(str(table[authors].get(o, 0)) for o in ours) + " |")
+    for name in [*BATCHES, "all"]:
+        part = rows if name == "all" else [r for r in rows if batch(r) == name]
+        if part and (name != "all" or len({batch(r) for r in rows}) > 1):
+            lines += [f"## {name}", "", summary(part), "", *table_lines(part), ""]
     lines += [
+        "## Each log",
         "",
-        "| log | framework, format | steps | authors | ours | rules flagged | why they differ |",
-        "|---|---|---|---|---|---|---|",
+        "| log | batch | framework, format | steps | authors | ours | rules flagged | why they differ |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         flagged = ", ".join(r["ours"]["flagged"]) or "-"
@@ -115,7 +158,7 @@ def write(rows: list[dict[str, Any]], out: Path, command: str) -> Path:
             else (" (their problem named)" if r["problem_named"] else " (their problem NOT named)")
         )
         lines.append(
-            f"| [{r['file']}]({r['url']}) | {r['framework']}, {r['ours']['format'] or r['format']} | {r['steps']} | "
+            f"| [{r['file']}]({r['url']}) | {batch(r)} | {r['framework']}, {r['ours']['format'] or r['format']} | {r['steps']} | "
             f"{r['authors_verdict'] or 'not judged'}{': ' + r['problem'] if r.get('problem') else ''} | "
             f"{r['ours']['verdict']}{named} | {flagged} | {r.get('why') or ''} |"
         )

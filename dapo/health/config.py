@@ -80,6 +80,10 @@ class HealthConfig:
     above this over the last window: warning..."""
     kl_ppo_fail: float = 0.5
     """...failing. Healthy runs stay below ~0.005 (calibration logs)."""
+    kl_negative: float = 0.05
+    """A KL (either kind) whose last window's median is below minus this is no KL: a warning (an
+    estimator with its sign flipped, a log-prob difference logged as a KL). A batch mean of the
+    k1 estimator dips below 0 by noise, by far less than this; k3 never does."""
     reward_drop_frac: float = 0.5
     """Reward collapse: the outcome (accuracy, else reward) now below its peak by this share of
     what it had gained from its start to the peak (and significantly): warning; back at or

@@ -55,18 +55,23 @@ class Series:
         return len(self) >= windows * c.min_points and self.span >= windows * self.window(c)
 
     def head(self, c: HealthConfig) -> list[float]:
-        """Values in the first window of steps ([] for an empty series)."""
+        """Values in the first window of steps, and at least its first ``c.min_points`` rows (a
+        log sampled unevenly can leave a window of steps with one or two rows, whose mean and
+        noise mean little); [] for an empty series."""
         if not self.steps:
             return []
         end = self.steps[0] + self.window(c)
-        return [v for s, v in zip(self.steps, self.values) if s < end]
+        n = sum(s < end for s in self.steps)
+        return self.values[: max(n, c.min_points)]
 
     def tail(self, c: HealthConfig) -> list[float]:
-        """Values in the last window of steps ([] for an empty series)."""
+        """Values in the last window of steps, and at least its last ``c.min_points`` rows
+        (see :meth:`head`); [] for an empty series."""
         if not self.steps:
             return []
         start = self.steps[-1] - self.window(c)
-        return [v for s, v in zip(self.steps, self.values) if s > start]
+        n = sum(s > start for s in self.steps)
+        return self.values[-max(n, c.min_points) :]
 
     def recent(self, c: HealthConfig, windows: float = 2) -> Series:
         """The last ``windows`` windows of the series (for a trend: still rising or falling?)."""

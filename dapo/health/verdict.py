@@ -15,8 +15,10 @@ from .series import Run
 STATUSES = ("healthy", "warning", "failing", "unknown")
 LEARNING = ("not_learning", "reward_collapse")
 """Rules that judge whether the run learns."""
-STABILITY = ("gradients", "kl_blowup", "loss_spikes")
-"""Rules that judge whether the updates are stable."""
+STABILITY = ("gradients", "kl_blowup")
+"""Rules that judge whether the updates are stable. The loss-spike rule is not one of them: a
+policy-gradient loss sits near 0 by construction (GRPO's is exactly 0 at the first update of a
+batch), so a calm loss alone says little about the updates."""
 VERDICTS = ("healthy", "warning", "failing", "inconclusive")
 VERDICT_CODE = {"healthy": 0, "warning": 1, "failing": 2, "inconclusive": 3}
 """Numeric codes of the verdicts (``health/*`` metrics of the trainer callback)."""

@@ -6,6 +6,11 @@ Jupyter notebook, as people paste it into issues and READMEs: a header row that 
     -- | -- | -- | -- | -- | --
     1 | 0.000000 | -17.250000 | 1.500000 | 445.500000 | 0.000000
 
+The same table printed by a script, columns aligned with spaces and a rule line under the
+header (``Step  loss  grad_norm  reward_mean``, ``----``, ``Step | Pre | KL | GradN``), is read
+too; a whitespace-aligned header must be all names (no number in it), and rows elided with
+``...`` are skipped.
+
 Column names are the logged names, with "Training Loss" for ``loss`` and ``rewards / f`` for
 ``rewards/f``. The same reader takes the tables people type into run journals
 (``| Step | Loss | Reward | KL |``): a header is matched case-insensitively, with units in
@@ -32,9 +37,15 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in cells]
 
 
-def _header(cells: list[str]) -> list[str] | None:
+RULE = re.compile(r"^[\s|:+=-]*-[\s|:+=-]*$")
+"""A line drawn under a header (``----``, ``-- | --``, ``+-----+``, ``====``)."""
+
+
+def _header(cells: list[str], spaced: bool = False) -> list[str] | None:
     if len(cells) < 2 or cells[0].lower() not in ("step", "steps"):
         return None
+    if spaced and any(number(c) is not None for c in cells):
+        return None  # 'step 5 loss 0.3' is a row of another format, not a header
     names = [_name(c) for c in cells]
     return names if any(metric_name(n) for n in names[1:]) else None
 
@@ -51,16 +62,24 @@ def _name(cell: str) -> str:
 def _rows(lines: list[str]) -> list[tuple[int, dict[str, Any]]]:
     out: list[tuple[int, dict[str, Any]]] = []
     header: list[str] | None = None
+    spaced = False  # the header's cells were separated by spaces, not '|' or tabs
     for i, line in enumerate(lines, 1):
-        if "|" not in line and "\t" not in line:
+        if header is not None and RULE.match(line):
+            continue
+        piped = "|" in line or "\t" in line
+        cells = _cells(line) if piped else line.split()
+        found = _header(cells, spaced=not piped)
+        if found is not None:
+            header, spaced = found, not piped
+            continue
+        if not piped and not spaced:
             header = None if line.strip() else header
             continue
-        cells = _cells(line)
-        found = _header(cells)
-        if found is not None:
-            header = found
-            continue
+        if cells:
+            cells[0] = cells[0].strip("*_ ")  # a step in **bold** (a journal marking the row)
         if header is None or len(cells) != len(header) or not cells[0].isdigit():
+            if not piped and line.strip() and line.strip() != "..." and not cells[0].isdigit():
+                header = None  # a table of spaced columns ends at the first line that is not a row
             continue
         row: dict[str, Any] = {"step": int(cells[0])}
         for name, cell in zip(header[1:], cells[1:]):
@@ -84,8 +103,6 @@ def _read(path: Path) -> tuple[Rows, list[str]]:
 
 
 def _sniff(path: Path, text: Text) -> int:
-    if not any(c in text.text for c in "|\t"):
-        return 0
     return len(_rows(text.lines))
 
 

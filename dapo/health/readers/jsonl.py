@@ -1,5 +1,7 @@
 """This project's ``metrics.jsonl`` (one JSON object per step), and any JSONL of metric names:
-verl's file logger (``{"step": n, "data": {...}}``), W&B ``history`` dumps (``_step``)."""
+verl's file logger (``{"step": n, "data": {...}}``), W&B ``history`` dumps (``_step``). A record
+with neither a step nor a metric (a ``{"type": "config", ...}`` line that custom loggers write
+first) is skipped and said; a record with metrics but no step is an error naming its line."""
 
 from __future__ import annotations
 
@@ -50,6 +52,9 @@ def _read(path: Path) -> tuple[Rows, list[str]]:
         if isinstance(row.get("data"), dict):  # verl's file logger: {"step": n, "data": {...}}
             row = {"step": row.get("step"), **row["data"]}
         if step_of(row) is None:
+            if not any(metric_name(k) for k in row):  # a record of the run's config, not a step
+                notes.append(f"{path}:{i}: a record without a step or a metric (the run's config?) skipped")
+                continue
             raise RunLogError(f"{path}:{i}: no 'step' field (nor {', '.join(STEP_KEYS[1:])})")
         row["step"] = step_of(row)
         row["_line"] = i

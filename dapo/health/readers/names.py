@@ -75,6 +75,7 @@ CUSTOM = {
     "avg_reward": "rollout/reward_mean",
     "average_reward": "rollout/reward_mean",
     "reward_mean": "rollout/reward_mean",
+    "score": "rollout/reward_mean",  # a table's 'score' column: verl's name for the reward
     "accuracy": "rollout/accuracy",
     "acc": "rollout/accuracy",
     "mean_accuracy": "rollout/accuracy",
@@ -84,6 +85,8 @@ CUSTOM = {
     "mean_length": "rollout/length_mean",
     "mean_completion_length": "rollout/length_mean",
     "completion_length_mean": "rollout/length_mean",
+    "gnorm": "actor/grad_norm",  # fairseq-style abbreviations of the gradient norm
+    "gradn": "actor/grad_norm",
     "truncation_rate": "rollout/truncation_rate",
     "clipped_ratio": "rollout/truncation_rate",
 }

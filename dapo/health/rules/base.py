@@ -161,13 +161,16 @@ def spike_status(
     """The severity of spikes at steps ``spikes`` of ``s`` (a blow-up, or more than 5% of the
     rows and two at least: failing; two or more: warning; one: evidence), and what to add to
     the evidence. Spikes a run keeps coming back from (the last window's median is no spike)
-    while it keeps learning (:func:`learns`) are at most a warning: they are transient, and
-    the clip absorbs them."""
+    while it keeps learning (:func:`learns`) are judged by how often they recur, not by their
+    height: the clip absorbed them. Recurring (over 5% of the rows): a warning; a few, a
+    blow-up among them, need nothing done: healthy, with the spikes in the evidence."""
     if not spikes:
         return "healthy", ""
-    if blowup or len(spikes) > max(1.0, 0.05 * len(s)):
-        if not is_spike(statistics.median(s.tail(c))) and learns(run, c):
-            return "warning", "; transient (the last window's median is normal) and the run kept learning"
+    recurring = len(spikes) > max(1.0, 0.05 * len(s))
+    if not is_spike(statistics.median(s.tail(c))) and learns(run, c):
+        why = "; transient (the last window's median is normal) and the run kept learning"
+        return ("warning", why) if recurring else ("healthy", ", isolated" + why)
+    if blowup or recurring:
         return "failing", ""
     return ("warning", "") if len(spikes) > 1 else ("healthy", ", isolated")
 

@@ -10,7 +10,8 @@ a KL that explodes early and stays high would become its own median. The ceiling
 kind of KL (per token, any estimator): the reference KL grows as the policy moves away (healthy
 runs stay below ~0.15: ``kl_ref_warn`` 0.5, ``kl_ref_fail`` 2.0); one step's PPO KL stays small
 (healthy runs below ~0.005: ``kl_ppo_warn`` 0.05, ``kl_ppo_fail`` 0.5). The level is the last
-window's median. A level needs one row;
+window's median; a level below ``-kl_negative`` is no KL at all (a warning: a sign or
+estimator bug). A level needs one row;
 spikes need a window of start. A log that prints KL to 3 decimals (old verl: 0.000/0.001) is
 judged by the ceilings, which its resolution can show."""
 
@@ -59,6 +60,11 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
         if now >= warn:
             status = worse(status, "failing" if now >= fail else "warning")
             onset = s.onset(c, _at_least(warn))
+            at(onset if onset is not None else s.steps[0])
+        elif now < -c.kl_negative:
+            part += "; below 0, which a KL never is: the estimator or its sign is wrong"
+            status = worse(status, "warning")
+            onset = s.onset(c, lambda v: v < -c.kl_negative)
             at(onset if onset is not None else s.steps[0])
         level = max(statistics.median(s.head(c)), c.kl_floor) if s.covers(c, 2) else None
         if level is not None:

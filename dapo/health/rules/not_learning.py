@@ -3,13 +3,15 @@ floor every group is all-wrong and gives no gradient; at the ceiling there is no
 learn. A level needs one row (one step whose every group is all wrong already says there is no
 gradient); a trend needs windows: an outcome that does not rise from the first to the last
 quarter (of a run of two windows or more) is a warning, and failing over a long run
-(``flat_windows`` windows or more)."""
+(``flat_windows`` windows or more). The absence of a rise must be shown, not assumed: where the
+change is no significant rise but a rise that counts (:func:`~.base.effect`) still lies within
+one standard error of it, the rule cannot judge yet (a few noisy rows say neither)."""
 
 from __future__ import annotations
 
 from ..config import HealthConfig
 from ..series import Run, mean, series
-from .base import Judgement, Knobs, Rule, effect, gain, not_logged, too_few
+from .base import TOO_FEW_STEPS, Judgement, Knobs, Rule, effect, gain, not_logged, too_few, unknown
 
 
 def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
@@ -63,6 +65,12 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
         g, noise = gain(main)
         least = effect(main, c)
         parts.append(f"first to last quarter {g:+.3g} (+-{noise:.2g}; a rise counts from {least:.2g})")
+        if g + noise >= least and g <= noise:
+            return unknown(
+                TOO_FEW_STEPS,
+                "; ".join(parts)
+                + f" (neither a rise nor its absence is established over {main.span:g} steps)",
+            )
         if g <= noise or g < least:
             long = main.covers(c, c.flat_windows)
             why = f" (not rising over {main.span:g} steps)" if long else " (not rising)"
