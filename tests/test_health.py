@@ -183,6 +183,24 @@ def test_not_learning_ceiling_flat_and_learning():
     assert status(learning, "not_learning").status == "healthy"
 
 
+def test_a_flat_outcome_at_the_top_of_its_range_is_the_ceiling_not_a_failure():
+    """A resumed PPO run at 95% of its reward range for 100 steps has converged: the entropy
+    rule says so, and 'not learning' must not call the same run failing."""
+    run = [
+        {
+            "step": 100 + i,
+            "rollout/reward_mean": 0.945 + 0.01 * (i % 3),
+            "rollout/reward_min": 0.0,
+            "rollout/reward_max": 1.0,
+        }
+        for i in range(108)
+    ]
+    f = status(run, "not_learning")
+    assert f.status == "warning" and "the ceiling" in f.evidence
+    low = [{**r, "rollout/reward_mean": r["rollout/reward_mean"] - 0.5} for r in run]
+    assert status(low, "not_learning").status == "failing"  # flat at 45% of its range
+
+
 def test_a_negative_kl_is_no_kl_and_warns():
     """A "KL" that sits at -0.5 (a log-prob difference logged with its sign flipped, as in a
     public custom trainer's log) is a bug, not a healthy small KL; a k1 batch mean that dips

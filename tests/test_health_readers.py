@@ -280,6 +280,39 @@ def test_tables_a_script_prints_with_spaces_or_a_rule_under_the_header(tmp_path)
         read_runs(kv)  # no header was made of its first row
 
 
+def test_logs_of_the_third_held_out_batch_as_published():
+    """What that batch found unread or misread: a TRL console log whose library configs print as
+    dicts and whose epochs print as 0.0 for a third of the run (its steps are the bars beside
+    the dicts, and its 0-or-2 'correctness' column is no accuracy); MiniMind's
+    'Epoch:[1/1](12/500), Reward: ..., Actor Loss: ...' lines; a journal table with
+    `backticked` names."""
+    run, notes, fmt = one(CAL / "reasoning-rl-train5.log")
+    assert fmt == "trl-console" and [r["step"] for r in run] == list(range(1, 101))
+    assert not any("do not match" in n for n in notes) and any("not read as an accuracy" in n for n in notes)
+    assert "rollout/accuracy" not in run[0] and run[2]["rollout/reward_mean"] == 1.5
+    run, _, fmt = one(CAL / "minimind-grpo-v2-r1-rule-reward.log")
+    assert fmt == "custom-kv" and [r["step"] for r in run][:3] == [1, 2, 3] and len(run) == 500
+    r = run[0]
+    assert r["rollout/reward_mean"] == 0.3846 and r["actor/ref_kl"] == 0.0004 and r["actor/loss"] == 0.0
+    assert r["rollout/length_mean"] == 129
+    run, _, fmt = one(CAL / "cs224r-verl-grpo-smoke-1p7b-steps8-12.md")
+    assert fmt == "hf-table" and [r["step"] for r in run] == [8, 9, 10, 11, 12]
+    assert run[2]["rollout/reward_mean"] == 0.053 and run[0]["actor/entropy"] == 1.197
+
+
+def test_a_jsonl_config_record_is_skipped_and_a_row_without_a_step_is_named(tmp_path):
+    f = tmp_path / "log.jsonl"
+    f.write_text(
+        '{"type": "config", "args": {"lr": 1e-05, "steps": 400}}\n'
+        '{"step": 20, "mean_reward": 0.0, "loss": -0.03}\n{"step": 40, "mean_reward": 0.25, "loss": 0.004}\n'
+    )
+    run, notes, _ = one(f)
+    assert [r["step"] for r in run] == [20, 40] and ":1: a record without a step or a metric" in notes[0]
+    f.write_text('{"step": 20, "mean_reward": 0.0}\n{"mean_reward": 0.25}\n')
+    with pytest.raises(RunLogError, match=r"log.jsonl:2: no 'step' field"):
+        read_runs(f)
+
+
 def test_each_sample_is_detected_as_its_format():
     expect = {
         CAL / "verl-data-deepseek-7b-ppo-gsm8k.log": "verl-console",

@@ -84,7 +84,7 @@ def _count(rows: list[dict[str, Any]], authors: str, ours: str) -> int:
     return sum(r["authors_verdict"] == authors and r["ours"]["verdict"] == ours for r in rows)
 
 
-BATCHES = ("development", "held-out-1", "held-out-2")
+BATCHES = ("development", "held-out-1", "held-out-2", "held-out-3")
 """The batches in the order they came in (see the module's docstring)."""
 
 

@@ -151,7 +151,22 @@ def read_runs(path: str | Path, fmt: str = "auto") -> tuple[Runs, list[str], str
         raise RunLogError(f"{file}: no metric this tool knows occurs in the {reader.name} rows{hint}{why}")
     for run in runs.values():
         run.sort(key=lambda r: r["step"])
+        _accuracy_in_range(run, notes)
     return runs, notes, reader.name
+
+
+def _accuracy_in_range(run: list[dict[str, float]], notes: list[str]) -> None:
+    """A column read as an accuracy (a share of right answers) whose values leave [0, 1] is not
+    one (a correctness *reward* of 0 or 2, as Unsloth's GSM8K notebook scores): it is dropped,
+    said, and the run judged by its reward."""
+    acc = [r["rollout/accuracy"] for r in run if math.isfinite(r.get("rollout/accuracy", math.nan))]
+    if acc and (min(acc) < 0 or max(acc) > 1):
+        for r in run:
+            r.pop("rollout/accuracy", None)
+        notes.append(
+            f"the accuracy column ranges {min(acc):.3g}..{max(acc):.3g}, which no share of right answers does: "
+            "not read as an accuracy (the reward is judged instead)"
+        )
 
 
 __all__ = [

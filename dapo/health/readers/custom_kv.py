@@ -5,9 +5,12 @@ many spellings people print them, e.g.
     Step 5/233: loss=0.41, reward=0.30, kl=0.012
     [iter 40] reward: 0.52  entropy: 0.81  grad_norm: 1.2
 
+    Epoch:[1/1](12/500), Reward: 0.38, KL_ref: 0.0004, Actor Loss: 0.0000, Avg Len: 129
+
 A line is a row when it names a step (``step``, ``global_step``, ``iter``, ``iteration``,
-``update``: a number after it, ``/total`` allowed) and at least one pair whose key this tool
-knows (:mod:`.names`). A line that is one known ``key: value`` (words allowed in the key, as
+``update``: a number after it, ``/total`` allowed; or MiniMind's ``Epoch:[e/E](n/N)``, step
+``(e - 1) N + n``) and at least one pair whose key this tool knows (:mod:`.names`; a key of
+capitalised words, ``Actor Loss``, is read as ``actor_loss``). A line that is one known ``key: value`` (words allowed in the key, as
 DeepSpeed-Chat's ``average reward score: 0.21``) within two lines of a row belongs to it.
 Every other line (status lines, config dumps, tracebacks) is noise."""
 
@@ -23,8 +26,10 @@ from .names import metric_name, number
 STEP = re.compile(
     r"(?i)(?<![\w/])(?:global_step|step|iter|iteration|update)\s*[:=#]?\s*(\d+)(?:\s*/\s*\d+)?\b"
 )
+EPOCH_STEP = re.compile(r"(?i)\bepoch\s*[:=]?\s*\[\s*(\d+)\s*/\s*\d+\s*\]\s*\(\s*(\d+)\s*/\s*(\d+)\s*\)")
+"""MiniMind's trainers: ``Epoch:[e/E](n/N)``, the n-th of N steps of epoch e."""
 PAIR = re.compile(
-    r"(?<![\w/.])([A-Za-z_][\w./-]*?)\s*[=:]\s*"
+    r"(?<![\w/.])([A-Za-z_][\w./-]*?(?: [A-Za-z][\w./-]*?){0,3})\s*[=:]\s*"
     r"((?:[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf))(?![\w.]))",
     re.IGNORECASE,
 )
@@ -34,18 +39,32 @@ def parse(line: str) -> dict[str, Any] | None:
     """The row of a line, or None when the line names no step or no known metric."""
     if "=" not in line and ":" not in line:
         return None
-    step = STEP.search(line)
-    if step is None:
+    found = STEP.search(line)
+    epoch = EPOCH_STEP.search(line) if found is None else None
+    if found is None and epoch is None:
         return None
     row: dict[str, Any] = {}
-    for m in PAIR.finditer(line, step.end()):
-        key = m.group(1)
-        if metric_name(key) is not None:
+    for m in PAIR.finditer(line, (found or epoch).end()):  # type: ignore[union-attr]
+        key = _key(m.group(1))
+        if key is not None:
             row[key] = number(m.group(2))
     if not row:
         return None
-    row["step"] = int(step.group(1))
+    if found is not None:
+        row["step"] = int(found.group(1))
+    else:
+        e, n, total = (int(g) for g in epoch.groups())  # type: ignore[union-attr]
+        row["step"] = (e - 1) * total + n
     return row
+
+
+def _key(text: str) -> str | None:
+    """The known key a pair's key stands for: as printed, else in lower case with its words
+    joined by ``_`` (``Actor Loss`` -> ``actor_loss``); None for a key this tool does not read."""
+    if metric_name(text) is not None:
+        return text
+    key = re.sub(r"\s+", "_", text.strip().lower())
+    return key if metric_name(key) is not None else None
 
 
 ALONE = re.compile(
@@ -81,7 +100,7 @@ def _read(path: Path) -> tuple[Rows, list[str]]:
 
 def _candidate(line: str) -> bool:
     low = line[:200].lower()
-    return ("=" in line or ":" in line) and ("step" in low or "iter" in low or "update" in low)
+    return ("=" in line or ":" in line) and any(w in low for w in ("step", "iter", "update", "epoch"))
 
 
 def _sniff(path: Path, text: Text) -> int:

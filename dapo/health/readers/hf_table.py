@@ -51,7 +51,9 @@ def _header(cells: list[str], spaced: bool = False) -> list[str] | None:
 
 
 def _name(cell: str) -> str:
-    """A column's metric name: as logged, or normalised as people type it in a journal."""
+    """A column's metric name: as logged (in `backticks` too), or normalised as people type it
+    in a journal."""
+    cell = cell.strip("`")
     name = re.sub(r"\s*/\s*", "/", cell)
     if name in RENAME or metric_name(name):
         return RENAME.get(name, name)

@@ -66,10 +66,12 @@ OPENRLHF = {
 
 CUSTOM = {
     "kl_divergence": "actor/ref_kl",  # custom GRPO trainers: the KL to the reference
+    "kl_ref": "actor/ref_kl",  # MiniMind
     "kl_div": "actor/ref_kl",
     "mean_kl": "actor/ref_kl",
     "pg_loss": "actor/loss",
     "act_loss": "actor/loss",  # DeepSpeed-Chat step 3
+    "actor_loss": "actor/loss",
     "average_reward_score": "rollout/reward_mean",  # DeepSpeed-Chat: "average reward score: 0.21"
     "mean_reward": "rollout/reward_mean",
     "avg_reward": "rollout/reward_mean",
@@ -82,6 +84,8 @@ CUSTOM = {
     "avg_response_length": "rollout/length_mean",
     "mean_response_length": "rollout/length_mean",
     "avg_length": "rollout/length_mean",
+    "avg_len": "rollout/length_mean",
+    "avg_response_len": "rollout/length_mean",
     "mean_length": "rollout/length_mean",
     "mean_completion_length": "rollout/length_mean",
     "completion_length_mean": "rollout/length_mean",

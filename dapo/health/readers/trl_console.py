@@ -50,8 +50,12 @@ def _dicts(line: str) -> list[tuple[int, dict[str, Any] | None]]:
 
 
 def _training(row: dict[str, Any]) -> bool:
-    """A training step's dict, not the end-of-training summary or an evaluation."""
-    return not (set(row) <= META or "train_runtime" in row or _evaluation(row))
+    """A training step's dict: a metric this tool knows, with a number; not the end-of-training
+    summary, an evaluation, or a library's config printed as a dict (vLLM's and inductor's
+    ``{'size_asserts': False, ...}``, bitsandbytes' ``{'load_in_4bit': True, ...}``)."""
+    if set(row) <= META or "train_runtime" in row or _evaluation(row):
+        return False
+    return any(_numeric(row, k) for k in row)
 
 
 def _evaluation(row: dict[str, Any]) -> bool:
@@ -138,12 +142,15 @@ def _steps(rows: Rows, bars: list[tuple[int, int, int, int]], notes: list[str], 
         known = [n for n in side if n is not None]
         if not known or any(b <= a for a, b in itertools.pairwise(known)):
             return -1, 0, None
-        pairs = [(n, e) for n, e in zip(side, epochs) if n is not None and e is not None and e > 0]
-        if not informative or not pairs:
+        pairs = [(n, e) for n, e in zip(side, epochs) if n is not None and e is not None]
+        positive = [(n, e) for n, e in pairs if e > 0]
+        if not informative or not positive:
             return len(known), len(known), None
-        spe = sum(n for n, _ in pairs) / sum(e for _, e in pairs)
+        spe = sum(n for n, _ in positive) / sum(e for _, e in positive)
+        # every row whose epoch is known, 0.0 included: an epoch printed as 0.0 (2 decimals,
+        # a large data set) agrees with any counter below half a unit of it
         agree = sum(abs(n - spe * e) <= spe * half_unit + 1 for n, e in pairs)
-        return len(known), agree, spe
+        return len(known), agree + len(known) - len(pairs), spe
 
     sides = {after: [_near(rows, i, bars, after) for i in range(len(rows))] for after in (False, True)}
     fits = {after: fit(side) for after, side in sides.items()}

@@ -3,7 +3,8 @@ floor every group is all-wrong and gives no gradient; at the ceiling there is no
 learn. A level needs one row (one step whose every group is all wrong already says there is no
 gradient); a trend needs windows: an outcome that does not rise from the first to the last
 quarter (of a run of two windows or more) is a warning, and failing over a long run
-(``flat_windows`` windows or more). The absence of a rise must be shown, not assumed: where the
+(``flat_windows`` windows or more); flat at ``saturated_frac`` of its range or above, it is at the
+ceiling (a warning, as the other rules call it converged). The absence of a rise must be shown, not assumed: where the
 change is no significant rise but a rise that counts (:func:`~.base.effect`) still lies within
 one standard error of it, the rule cannot judge yet (a few noisy rows say neither)."""
 
@@ -11,7 +12,18 @@ from __future__ import annotations
 
 from ..config import HealthConfig
 from ..series import Run, mean, series
-from .base import TOO_FEW_STEPS, Judgement, Knobs, Rule, effect, gain, not_logged, too_few, unknown
+from .base import (
+    TOO_FEW_STEPS,
+    Judgement,
+    Knobs,
+    Rule,
+    effect,
+    gain,
+    not_logged,
+    saturation,
+    too_few,
+    unknown,
+)
 
 
 def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
@@ -72,6 +84,10 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
                 + f" (neither a rise nor its absence is established over {main.span:g} steps)",
             )
         if g <= noise or g < least:
+            top = saturation(run, "accuracy" if acc else "reward", mean(main.tail(c)))
+            if top is not None and top >= c.saturated_frac:  # flat at the top: converged
+                parts.append(f"not rising, at {top:.0%} of its range (the ceiling)")
+                return Judgement("warning", main.steps[len(main) // 2], "; ".join(parts), _ceiling)
             long = main.covers(c, c.flat_windows)
             why = f" (not rising over {main.span:g} steps)" if long else " (not rising)"
             return Judgement(
