@@ -257,8 +257,7 @@ def test_tables_a_script_prints_with_spaces_or_a_rule_under_the_header(tmp_path)
         "...\n"
         "10    0     0          0            1.0            256\n"
     )
-    runs, _, fmt = read_runs(spaced)
-    (run,) = runs.values()
+    run, _, fmt = one(spaced)
     assert fmt == "hf-table" and [r["step"] for r in run] == [1, 2, 10]
     assert run[-1]["rollout/truncation_rate"] == 1.0 and run[-1]["rollout/length_mean"] == 256
     ruled = tmp_path / "debug.log"
@@ -270,8 +269,7 @@ def test_tables_a_script_prints_with_spaces_or_a_rule_under_the_header(tmp_path)
         "   2 |  0.391 |  -0.523 |  21.08\n"
         "   3 |  0.432 |  -0.492 |  19.25\n"
     )
-    runs, _, fmt = read_runs(ruled)
-    (run,) = runs.values()
+    run, _, fmt = one(ruled)
     assert fmt == "hf-table" and [r["step"] for r in run] == [1, 2, 3]
     assert run[0]["actor/ref_kl"] == -0.484 and run[2]["actor/grad_norm"] == 19.25
     kv = tmp_path / "kv.log"

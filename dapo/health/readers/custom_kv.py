@@ -39,21 +39,20 @@ def parse(line: str) -> dict[str, Any] | None:
     """The row of a line, or None when the line names no step or no known metric."""
     if "=" not in line and ":" not in line:
         return None
-    found = STEP.search(line)
-    epoch = EPOCH_STEP.search(line) if found is None else None
-    if found is None and epoch is None:
+    step = STEP.search(line) or EPOCH_STEP.search(line)
+    if step is None:
         return None
     row: dict[str, Any] = {}
-    for m in PAIR.finditer(line, (found or epoch).end()):  # type: ignore[union-attr]
+    for m in PAIR.finditer(line, step.end()):
         key = _key(m.group(1))
         if key is not None:
             row[key] = number(m.group(2))
     if not row:
         return None
-    if found is not None:
-        row["step"] = int(found.group(1))
+    if step.re is STEP:
+        row["step"] = int(step.group(1))
     else:
-        e, n, total = (int(g) for g in epoch.groups())  # type: ignore[union-attr]
+        e, n, total = (int(g) for g in step.groups())
         row["step"] = (e - 1) * total + n
     return row
 
