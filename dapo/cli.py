@@ -166,9 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         top = (err.name or "").split(".")[0]
         if top not in OPTIONAL:
             return _internal(command)
+        extra = "gate" if command == "gate" else OPTIONAL[top]  # the gate needs only YAML
         print(
             f"dapo {command}: needs {top}, which is not installed. Install it with: "
-            f"pip install 'dapo-repro[{OPTIONAL[top]}]'",
+            f"pip install 'dapo-repro[{extra}]'",
             file=sys.stderr,
         )
         return EXIT_DEPENDENCY

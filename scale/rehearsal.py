@@ -20,7 +20,8 @@ checkpoints:
    (generators too) and resumed: equal metrics, the staleness bound, and traces proving that
    each generator sampled with the version it reports and the weights the learner published;
 7. a run whose last rank (on the second node) gets SIGKILL once the first checkpoint is
-   written, and one whose last rank gets SIGSTOP (it stays alive and silent, as a hung GPU):
+   written, and one whose last rank gets SIGSTOP (it stays alive and silent, as a hung GPU),
+   the two side by side:
    with a 900 s collective timeout, every rank of the first node must end within 120 s, each
    with one line naming the rank (:mod:`scale.heartbeat`).
 
@@ -606,8 +607,16 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
     report["preset_copy"] = copy
     for name, ok in copy["checks"].items():
         checks[f"qwen2.5-32b-dapo scaled down: {name}"] = ok
-    for sig in (signals.SIGKILL, signals.SIGSTOP):
-        fault = rank_fault(out, overrides, nodes, per_node, logs, sig, timeout_s)
+    # the two fault runs side by side: after the fault each only waits for its heartbeat, so
+    # one's wait covers the other's training (separate directories, ports and process groups)
+    from concurrent.futures import ThreadPoolExecutor
+
+    sigs = (signals.SIGKILL, signals.SIGSTOP)
+    with ThreadPoolExecutor(len(sigs)) as pool:
+        faults = list(
+            pool.map(lambda sig: rank_fault(out, overrides, nodes, per_node, logs, sig, timeout_s), sigs)
+        )
+    for sig, fault in zip(sigs, faults):
         report[f"fault_{fault['signal'].lower()}"] = fault
         whom = f"rank {fault['rank']}" if sig == signals.SIGSTOP else f"a rank of its node ({fault['named']})"
         checks[

@@ -105,8 +105,11 @@ def _teach_format(model, tokenizer, steps: int, seed: int, filler_mean: float | 
 
 def build_tiny_data(path: str | Path, n_train: int = 32, n_eval: int = 8, seed: int = 0) -> tuple[Path, Path]:
     """Addition problems with single-digit answers in the flat JSONL format, words the tiny
-    tokenizer knows (so a random model is right by chance, often enough to train on)."""
+    tokenizer knows (so a random model is right by chance, often enough to train on). Each file
+    is written whole and then renamed into place, so a process reading it while another builds
+    it (CI runs the smoke run beside the tests) never sees it half written."""
     import json
+    import os
     import random
 
     rng = random.Random(seed)
@@ -115,11 +118,13 @@ def build_tiny_data(path: str | Path, n_train: int = 32, n_eval: int = 8, seed: 
     files = []
     for name, n in (("train", n_train), ("eval", n_eval)):
         f = path / f"{name}.jsonl"
-        with f.open("w") as out:
+        tmp = path / f".{name}.jsonl.{os.getpid()}.tmp"
+        with tmp.open("w") as out:
             for _ in range(n):
                 a = rng.randrange(5)
                 b = rng.randrange(5)
                 out.write(json.dumps({"prompt": f"Q: {a} + {b} = ?", "answer": a + b}) + "\n")
+        os.replace(tmp, f)
         files.append(f)
     return files[0], files[1]
 

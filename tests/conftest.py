@@ -25,3 +25,23 @@ def toy_results():
     from toybench.experiments import REGISTRY
 
     return {r.experiment.name: r for r in run_experiments(list(REGISTRY.values()), seeds=10, jobs=2)}
+
+
+# Files that take minutes run first, so that with several workers (``pytest -n 2 --dist
+# loadfile``, what ``nox -s tests`` runs) no worker starts a long file when the others are
+# nearly done. The order within a file, and what each test checks, is unchanged.
+SLOW_FIRST = (
+    "test_scale_trainer.py",
+    "test_check.py",
+    "test_gpu_check.py",
+    "test_health.py",
+    "test_toy_engine.py",
+    "test_toy_off_policy_family.py",
+    "test_multiproc.py",
+    "test_rollout.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))

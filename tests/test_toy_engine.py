@@ -142,6 +142,79 @@ def test_ladder_variants_and_injected_nan_steps_match_the_loop():
     assert nan_log is not None and [m["actor/skipped_steps"] > 0 for m in nan_log].count(True) == 3
 
 
+def _assert_batched_equals_loop(specs, where):
+    """Runs sharing a batch key train together on the engine; each equals the loop, bit for bit."""
+    by_key = {}
+    for s in specs:
+        assert batch_key(s) is not None, s
+        by_key.setdefault(batch_key(s), []).append(s)
+    for members in by_key.values():
+        ref, ref_tables = _loop_with_tables(members)
+        got, table = _engine_with_tables(members)
+        for i, s in enumerate(members):
+            assert_logs_match(ref[i], got[i], (where, s.seed))
+            assert torch.equal(ref_tables[i], table[i]), (where, s.seed)
+    return by_key
+
+
+def test_prompt_selection_and_drift_match_the_loop_bitwise():
+    """Every arm of the prompt-selection family (no filter, dynamic sampling, GRESO, retire,
+    pools; each with the task drifting) on the engine: each run keeps its own history and
+    stream, and its log and table are the loop's."""
+    from dataclasses import replace
+
+    from toybench.experiments.prompt_selection import EXPERIMENT
+
+    specs = [
+        replace(EXPERIMENT.spec(arm, seed, steps=10), drift_at=6 if EXPERIMENT.arms[arm].drift_at else None)
+        for arm in EXPERIMENT.arms
+        for seed in (0, 7)
+    ]
+    by_key = _assert_batched_equals_loop(specs, "prompt_selection")
+    assert len(by_key) == 2  # the drifting arms share one batch, the stationary ones another
+    drifted = next(m for m in by_key.values() if m[0].drift_at is not None)
+    got = train_many(drifted)
+    assert all("toy/expected_accuracy_drifted" in m for log in got for m in log)
+    assert any(m["sampling/skipped_prompts"] > 0 for log in got for m in log)
+
+
+OFF_POLICY_SAMPLE = (
+    "dapo_k1_token_tis",
+    "dapo_k2_seq_mis",
+    "dapo_k4_partial_decoupled",
+    "dapo_k8_bypass",
+    "dapo_k2_k3_rs",
+    "dapo_k1_geo_rs",
+    "grpo_k2_partial_none",
+    "dapo_bf16_icepop",
+    "dapo_fp8_geo_rs",
+)
+
+
+def test_off_policy_arms_match_the_loop_bitwise():
+    """A sample of the off-policy grid (every correction family, partial rollouts, both engine
+    precisions) on the engine against the loop, where each stale batch goes through
+    ``dapo.update`` as the trainer's does (``rollout_logp``, the correction of its config)."""
+    from toybench.off_policy import grid_experiment
+
+    grid = grid_experiment()
+    specs = [grid.spec(arm, seed, steps=10) for arm in OFF_POLICY_SAMPLE for seed in (0, 7)]
+    _assert_batched_equals_loop(specs, "off_policy")
+
+
+def test_stale_failure_mode_arms_and_a_late_staleness_match_the_loop():
+    from dataclasses import replace
+
+    from toybench.off_policy import protection_experiments
+
+    specs = []
+    for exp in protection_experiments(staleness=(2,)):
+        for arm in exp.arms:
+            specs.append(exp.spec(arm, 3, steps=8))
+    specs.append(replace(specs[0], staleness=3, staleness_from=4, partial=True))
+    _assert_batched_equals_loop(specs, "protection")
+
+
 def test_a_run_does_not_depend_on_its_batch():
     exp = REGISTRY["zero_gradient"]  # dynamic sampling: runs draw different numbers of rounds
     together = train_many([exp.spec(arm, s, steps=8) for arm in exp.arms for s in (0, 1, 2)])

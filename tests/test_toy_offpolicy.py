@@ -144,7 +144,9 @@ def test_corrections_act_in_the_engine_as_in_dapo_update(name):
         assert 0 < last["mismatch/tis_weight_mean"] <= cfg.tis_cap
 
 
-def test_the_per_run_loop_refuses_off_policy_runs():
-    with pytest.raises(ValueError, match="staleness, partial and mismatch run on the batched tabular engine"):
-        train(_spec(staleness=1))
+def test_the_per_run_loop_refuses_staleness_with_injected_engine_noise():
+    """Stale log-probs come from the stale version; the health fault's noisy ones would
+    silently replace them."""
+    with pytest.raises(ValueError, match="without injected engine noise"):
+        train(_spec(staleness=1, engine_noise=0.1))
     assert engine.batch_key(_spec(staleness=1)) is not None

@@ -13,7 +13,7 @@ from dapo.cliargs import Int, OutDir, OutFile, Parser, Text, UsageError
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="dapo toy", description="Toy regime: DAPO's failure modes on a CPU.")
     sub = p.add_subparsers(
-        dest="cmd", required=True, metavar="{run,list,check,ladder,factorial,off-policy,health}"
+        dest="cmd", required=True, metavar="{run,suite,list,check,ladder,factorial,off-policy,health}"
     )
     run = sub.add_parser(
         "run",
@@ -47,6 +47,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--brief", action="store_true", help="print only the verdicts (the full table goes to summary.json)"
+    )
+    su = sub.add_parser(
+        "suite",
+        help="every family in one pass: failure modes, ladder, off-policy, prompt selection",
+        description="Run the four failure modes, the Table-1 ladder, the off-policy family and prompt "
+        "selection as one set of runs over the cores (a run two families share is trained once), "
+        "then write what each family's own command writes under OUT/toy, OUT/ladder, "
+        "OUT/off_policy and OUT/prompt_selection (what `nox -s toy` runs).",
+        epilog="exit status: 0 the runs finished, whatever their verdicts (`dapo gate write` judges "
+        "OUT/toy/summary.json); 2 bad input.",
+    )
+    _seed_args(su, 10)
+    _common(su, "runs")
+    su.add_argument(
+        "--no-plots", action="store_true", help="skip the PNG figures even if matplotlib is installed"
+    )
+    su.add_argument(
+        "--steps", type=Int(lo=10), default=None, help="override every horizon (exploration and tests only)"
     )
     sub.add_parser(
         "list", help="list the experiments", description="List the failure-mode experiments and their arms."
@@ -205,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         return _ladder(args, argv)
     if args.cmd == "off-policy":
         return _off_policy(args, argv)
+    if args.cmd == "suite":
+        return _suite(args, argv)
     if args.cmd == "health":
         from .health_suite import run_suite, write_report
 
@@ -349,4 +369,26 @@ def _off_policy(args, argv) -> int:
     path = write_report(results[0], results[1:], wall, args.out, command)
     print(markdown_as_text(path.read_text(), tables=1))
     print(f"\noff-policy: {wall:.1f} s wall; full report (Markdown, figure, JSON): {path}")
+    return 0
+
+
+def _suite(args, argv) -> int:
+    from .output import format_table, markdown_as_text
+    from .suite import closing_summary, run_suite, write_suite
+
+    result = run_suite(
+        seeds=args.seeds,
+        jobs=args.jobs,
+        seed_start=args.seed_start,
+        confirm=not args.no_confirm,
+        progress=not args.quiet,
+        steps=args.steps,
+    )
+    command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
+    paths = write_suite(result, args.out, command, plots=not args.no_plots)
+    for name in ("ladder", "off_policy"):
+        print(markdown_as_text(paths[name].read_text(), tables=1))
+    table = format_table(result.families["prompt_selection"])
+    print(table[: table.index("\n== verdicts")] if "\n== verdicts" in table else table)
+    print(closing_summary(result, paths))
     return 0

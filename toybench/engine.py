@@ -12,8 +12,11 @@ batched computation with the DAPO core's functions over a leading run dimension.
 
 Runs may differ in every ``AlgoConfig`` knob except the batch geometry (``group_size``,
 ``train_groups``): clip ranges, aggregation, overlong treatment, dynamic sampling,
-mini-batch windows and epochs; and in the policy loss (``RunSpec.loss``: runs that share a
-loss and its knobs make one call, over their run dimension). A window a run does not have (fewer epochs or windows)
+mini-batch windows and epochs, the off-policy correction; in the policy loss
+(``RunSpec.loss``: runs that share a loss and its knobs make one call, over their run
+dimension); in staleness, partial rollouts and engine precision; and in prompt selection
+(each run keeps its own history and data-loader stream; runs that share a batch share its
+``drift_at``). A window a run does not have (fewer epochs or windows)
 leaves that run's table exactly as it is: its gradient is zero and SGD adds ``-lr * 0``.
 
 Arithmetic. The gradient each run receives is bit-for-bit the one ``dapo.update`` computes
@@ -46,6 +49,7 @@ from dapo import (
 )
 from dapo.loss import window_denominator
 from dapo.offpolicy import correct, finish, require_weights
+from dapo.prompt_selection import PromptSelection, parse_spec, select
 
 from .losses import resolve as resolve_loss
 from .policies import (
@@ -53,25 +57,33 @@ from .policies import (
     TabularPolicy,
     exact_accuracy,
     exact_lengths,
+    read_log_table,
     sample_table,
     table_cdf,
+    table_log_softmax,
     table_logp_entropy,
+    table_probs,
 )
-from .runner import SIM_TAILS, RunSpec, _best_paths, _long_prompts, make_task, round_times
-from .tasks import episode_end, verify
+from .runner import (
+    SIM_TAILS,
+    RunSpec,
+    _best_paths,
+    _drift,
+    _long_prompts,
+    engine_precision,
+    make_task,
+    partial_cuts,
+    prompt_stream,
+    round_times,
+)
+from .tasks import TokenTask, episode_end, verify
 
 Log = list[dict[str, float]]
 
 
 def batch_key(spec: RunSpec) -> tuple | None:
     """Runs with equal keys can share a batch; None for a run only the per-run loop can do."""
-    if (
-        spec.policy != "tabular"
-        or spec.engine_noise > 0
-        or spec.lr_boost != 1.0
-        or spec.selection is not None
-        or spec.drift_at is not None
-    ):
+    if spec.policy != "tabular" or spec.engine_noise > 0 or spec.lr_boost != 1.0:
         return None
     c = spec.cfg
     return (
@@ -80,6 +92,7 @@ def batch_key(spec: RunSpec) -> tuple | None:
         spec.steps,
         spec.lr,
         spec.init_noise,
+        spec.drift_at,
         c.group_size,
         c.train_groups,
     )
@@ -154,10 +167,14 @@ class _Engine:
             self.gens.append(gen)
         self.table = torch.nn.Parameter(torch.stack(tables))
         self.optimizer = torch.optim.SGD([self.table], lr=specs[0].lr)
-        self.best = _best_paths(task)
-        self.long = _long_prompts(task)
-        self.q_best = task.quality.argmax(1, keepdim=True)
-        self.q_worst = task.quality.argmin(1, keepdim=True)
+        self.best = _best_paths(task)  # of the task the run starts on, as the loop keeps it
+        self._set_task(task)
+        # prompt selection (per run: its own history and data-loader stream) and the drift
+        self.selections = [
+            PromptSelection(parse_spec(s.selection), seed=s.seed) if s.selection else None for s in specs
+        ]
+        self.streams = [prompt_stream(task.num_prompts, s.seed) if s.selection else None for s in specs]
+        self.drift = _drift(specs[0])  # drift_at is part of the batch key
         self.groups = {
             name: [_Members(c, m, R, loss) for c, loss, m in g]
             for name, g in _config_groups(self.cfgs, [s.loss for s in specs]).items()
@@ -183,6 +200,12 @@ class _Engine:
         self.versions: dict[int, Tensor] = {}
         self.keep_versions = keep
         self.behaviour: tuple[Tensor, Tensor] | None = None  # (new, old) engine tables of this step
+
+    def _set_task(self, task: TokenTask) -> None:
+        self.task = task
+        self.long = _long_prompts(task)
+        self.q_best = task.quality.argmax(1, keepdim=True)
+        self.q_worst = task.quality.argmin(1, keepdim=True)
 
     # -- off-policy: the engine's weights ---------------------------------------------------
     def lag(self, r: int) -> int:
@@ -234,14 +257,26 @@ class _Engine:
 
     # -- one generation round for the active runs --------------------------------------------
     @torch.no_grad()
-    def generate(self, active: list[int], cdf: Tensor, rnd: int = 0, cdf_old: Tensor | None = None) -> _Round:
+    def generate(
+        self,
+        active: list[int],
+        cdf: Tensor,
+        rnd: int = 0,
+        cdf_old: Tensor | None = None,
+        chosen: dict[int, list[int]] | None = None,
+    ) -> _Round:
+        """One round for the ``active`` runs; a run in ``chosen`` generates those prompts (its
+        prompt selection's), the others draw theirs uniformly, as ``runner.rollout_round``."""
         task, g = self.task, self.G
         b = self.n_groups * g
         t = task.max_len
         prompts, uniforms = [], []
         for r in active:  # each run's own stream, in the order and sizes runner.rollout_round draws
             gen = self.gens[r]
-            prompts.append(torch.randint(task.num_prompts, (self.n_groups,), generator=gen))
+            if chosen is not None and r in chosen:
+                prompts.append(torch.tensor(chosen[r], dtype=torch.long))
+            else:
+                prompts.append(torch.randint(task.num_prompts, (self.n_groups,), generator=gen))
             # one draw for the three of rollout_round (first token, later tokens, verifier):
             # the CPU generator fills doubles sequentially (the equivalence test checks it)
             uniforms.append(torch.rand(b + b * (t - 1) + b, generator=gen, dtype=torch.float64))
@@ -288,12 +323,16 @@ class _Engine:
         sim_totals = [dict.fromkeys(SIM_TAILS, 0.0) for _ in range(self.R)]
         for step in range(self.specs[0].steps):
             self.step = step
+            if self.drift is not None and step == self.specs[0].drift_at:
+                self._set_task(self.drift[0])
             policy = self.policy_metrics()
             batch, sampling, on_track = self.sample()
+            selection = [{} if sel is None else sel.end_step() for sel in self.selections]
             actor = self.update(batch, step)
             for r in range(self.R):
                 m: dict[str, float] = {"step": float(step)}
                 m.update(policy[r])
+                m.update(selection[r])
                 m.update(sampling[r])
                 m.update(actor[r])
                 tot = totals[r]
@@ -317,8 +356,9 @@ class _Engine:
         table = self.table.detach()
         first = torch.softmax(table[:, :, 0, 0], dim=-1)  # [R, P, V]
         best = first.gather(2, self.best.view(1, -1, 1).expand(self.R, -1, 1)).squeeze(-1).mean(-1)
-        acc = exact_accuracy(table, self.task)
-        lengths = exact_lengths(table, self.task)
+        self.probs = probs = table_probs(table)  # once a step: the metrics and the on-policy CDF
+        acc = exact_accuracy(table, self.task, probs)
+        lengths = exact_lengths(table, self.task, probs)
         cols = [
             best,
             acc.mean(-1),
@@ -334,6 +374,9 @@ class _Engine:
         if bool(self.long.any()):
             cols.append(acc[:, self.long].mean(-1))
             names.append("toy/expected_accuracy_long")
+        if self.drift is not None:
+            cols.append(acc[:, self.drift[1]].mean(-1))
+            names.append("toy/expected_accuracy_drifted")
         values = torch.stack(cols, 1).tolist()
         return [dict(zip(names, row)) for row in values]
 
@@ -351,7 +394,7 @@ class _Engine:
         gen_time = {name: torch.zeros(R, dtype=torch.float64) for name in SIM_TAILS}
         new, old = self.engine_tables()
         self.behaviour = (new, old)
-        cdf = table_cdf(new)
+        cdf = table_cdf(new, None if self.any_off else self.probs)  # on-policy: new is this table
         cdf_old = table_cdf(old) if bool(self.partial.any()) else None
         while True:
             live = (accepted < target) & (rounds < self.max_rounds)
@@ -359,9 +402,19 @@ class _Engine:
                 break
             active_t = live.nonzero().view(-1)
             active = active_t.tolist()
-            rd = self.generate(active, cdf, int(rounds[active_t[0]]), cdf_old)
+            chosen = {  # as the trainer: one pass of offers, then the round filled
+                r: select(sel, self.streams[r], target, self.step, self.task.num_prompts, fill=True)[0]
+                for r in active
+                if (sel := self.selections[r]) is not None
+            }
+            rd = self.generate(active, cdf, int(rounds[active_t[0]]), cdf_old, chosen)
             parts.append(rd)
             n = len(active_t)
+            if chosen:
+                n_correct = rd.correct.view(n, target, G).sum(-1).tolist()
+                for i, r in enumerate(active):
+                    if r in chosen:
+                        self.selections[r].observe(chosen[r], n_correct[i], G, self.step)
             rnd = rounds[active_t]  # every active run is on the same round: rounds advance together
             times = round_times(
                 rd.lengths.view(n, -1), [self.specs[r].seed for r in active], self.step, int(rnd[0])
@@ -449,8 +502,14 @@ class _Engine:
         n_rows = batch["n_rows"]
         has = n_rows > 0
         mask = batch["mask"]
+        # the first window's forward reads the table old_logp is read from: one log-softmax
+        # for both, until the first optimizer step changes the table
+        log_table: Tensor | None = table_log_softmax(self.table)
+        assert log_table is not None
         with torch.no_grad():
-            old_logp, _ = self.logp_entropy(batch["run"], batch["prompts"], batch["tokens"], entropy=False)
+            old_logp, _ = read_log_table(
+                log_table.detach(), self.table.shape, batch["prompts"], batch["tokens"], batch["run"], False
+            )
         old_logp = torch.where(mask, old_logp, torch.zeros_like(old_logp))
         adv = torch.zeros(mask.shape[:2], dtype=torch.float64)
         for grp in self.groups["advantage"]:
@@ -495,12 +554,17 @@ class _Engine:
                 if not bool(stepping.any()):
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
-                logp, entropy = self.logp_entropy(
-                    batch["run"][:, rows],
+                if log_table is None:
+                    log_table = table_log_softmax(self.table)
+                logp, entropy = read_log_table(
+                    log_table,
+                    self.table.shape,
                     batch["prompts"][:, rows],
                     batch["tokens"][:, rows],
+                    batch["run"][:, rows],
                     entropy=epoch == 0,
                 )
+                log_table = None  # its graph goes with this window's backward
                 if any(nan_runs):
                     # added, not multiplied: the backward of ``logp * nan`` is ``grad * nan``,
                     # NaN for every run (0 * nan), which took every batch-mate's step
@@ -546,12 +610,16 @@ class _Engine:
         has_l = has.tolist()
         out = []
         for r in range(R):
-            if not has_l[r]:  # no informative group at all: dapo.update returns early
-                out.append({**off_metrics[r], "actor/optimizer_steps": 0.0, "actor/skipped_steps": 0.0})
+            if not has_l[r]:  # no informative group at all: dapo.update returns early, no mismatch/*
+                head = {k: v for k, v in off_metrics[r].items() if k == "toy/staleness"}
+                out.append({**head, "actor/optimizer_steps": 0.0, "actor/skipped_steps": 0.0})
                 continue
             m = finish[r]
             m["actor/mean_prob"], m["actor/loss_tokens"], m["actor/filtered_responses"] = extra[r]
-            out.append({**off_metrics[r], **m})
+            # dapo.update's order: toy/staleness (the loop's, before it), the step counts, mismatch/*, the rest
+            head = {k: v for k, v in off_metrics[r].items() if k == "toy/staleness"}
+            steps = {k: m[k] for k in ("actor/optimizer_steps", "actor/skipped_steps")}
+            out.append({**head, **steps, **off_metrics[r], **m})
         return out
 
     def correct(
@@ -573,7 +641,7 @@ class _Engine:
         for grp in self.groups["loss"]:
             if any(weighted[r] for r in grp.members):
                 require_weights(grp.loss_fn)
-        sums: dict[str, list[tuple[float, float]]] = {}
+        sums: list[dict[str, tuple[float, float]]] = [{} for _ in range(self.R)]  # each run its own names
         for grp in self.groups["correction"]:
             corr = correct(grp.pick(old_logp), grp.pick(roll), grp.pick(mask), grp.pick(loss_mask), grp.cfg)
             grp.put(loss_mask, corr.mask)
@@ -582,9 +650,8 @@ class _Engine:
             if grp.cfg.behaviour_clip:
                 grp.put(ratio_logp, grp.pick(roll))
             for name, (total, count) in corr.sums.items():
-                col = sums.setdefault(name, [(0.0, 0.0)] * self.R)
                 for r, t, c in zip(grp.members, total.tolist(), count.tolist()):
-                    col[r] = (t, c)
+                    sums[r][name] = (t, c)
         pos = torch.arange(mask.shape[-1])
         for r in range(self.R):
             if not self.off[r]:
@@ -594,8 +661,8 @@ class _Engine:
             lag = torch.where(pos < batch["cut"][r].unsqueeze(-1), float(k_old), float(k))
             n = mask[r].sum()
             metrics[r]["toy/staleness"] = float(lag[mask[r]].sum() / n) if n else math.nan
-            for name, col in sums.items():
-                metrics[r][name] = finish(name, *col[r])
+            for name, (total, count) in sums[r].items():
+                metrics[r][name] = finish(name, total, count)
         return ratio_logp, weights, metrics
 
 
@@ -679,26 +746,6 @@ class _Acc:
             "actor/empty_windows",
         ]
         return [dict(zip(names, row)) for row in torch.stack(cols, 1).tolist()]
-
-
-PRECISIONS = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
-"""The engine precisions ``RunSpec.mismatch`` can simulate."""
-
-
-def engine_precision(table: Tensor, precision: str) -> Tensor:
-    """The logits as an engine in ``precision`` holds them: rounded to that format (round
-    to nearest even; fp8 e4m3 saturates at +-448) and back to float64."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"mismatch must be one of {sorted(PRECISIONS)}, got {precision!r}")
-    return table.to(PRECISIONS[precision]).to(torch.float64)
-
-
-def partial_cuts(seed: int, step: int, rnd: int, n: int, t: int) -> Tensor:
-    """Where a weight update interrupts each of ``n`` responses (positions 0..t; 0: none of
-    it came from the older version), from a stream of its own per (seed, step, round) so
-    that partial rollouts change no other draw of the run."""
-    gen = torch.Generator().manual_seed((seed * 1_000_003 + step) * 1_009 + rnd + 991)
-    return torch.randint(0, t + 1, (n,), generator=gen)
 
 
 def _split_ids(n_rows: Tensor, n_win: Tensor, width: int) -> Tensor:

@@ -277,6 +277,7 @@ def run_experiments(
     confirm: bool = True,
     engine: str = "batched",
     progress: bool = True,
+    stats: dict[str, int] | None = None,
 ) -> list[ExperimentResult]:
     """Run every arm of every experiment on the same seeds (paired) and evaluate them.
 
@@ -285,7 +286,8 @@ def run_experiments(
     is one block. ``jobs`` processes (default: CPU count) share the work; ``engine``
     ``batched`` stacks runs that can share a tensor computation (:mod:`toybench.engine`),
     ``loop`` trains every run on its own (:func:`toybench.runner.train`). Results depend
-    on neither."""
+    on neither. A run two experiments share (the same :class:`RunSpec`) is trained once;
+    ``stats``, when given, receives ``runs`` (trained) and ``run_ids`` (asked for)."""
     from .scheduler import execute, plan
 
     if steps is not None:
@@ -295,18 +297,31 @@ def run_experiments(
     else:
         blocks = {"discovery": list(seeds)}
     seed_list = [s for members in blocks.values() for s in members]
-    runs = [
-        ((e.name, arm, s), e.spec(arm, s, policy)) for e in experiments for arm in e.arms for s in seed_list
-    ]
+    # a run two experiments share (the same spec: a control arm, a k = 0 arm) is trained once
+    same: dict[str, list[tuple[str, str, int]]] = {}
+    runs = []
+    for e in experiments:
+        for arm in e.arms:
+            for s in seed_list:
+                spec = e.spec(arm, s, policy)
+                key = repr(spec)
+                if key not in same:
+                    same[key] = []
+                    runs.append(((e.name, arm, s), spec))
+                same[key].append((e.name, arm, s))
+    if stats is not None:
+        stats.update(runs=len(runs), run_ids=sum(len(v) for v in same.values()))
     job_list = plan(runs, engine)
     done = execute(job_list, jobs or os.cpu_count() or 1, show_progress=progress)
     logs: dict[str, dict[str, dict[int, Log]]] = {e.name: {a: {} for a in e.arms} for e in experiments}
     cpu: dict[str, float] = {e.name: 0.0 for e in experiments}
     for job, (pairs, secs) in zip(job_list, done):
-        for (name, arm, seed), log in pairs:
-            logs[name][arm][seed] = log
-        for name in {rid[0] for rid, _ in job.runs}:  # a job's CPU time, split by its runs
-            cpu[name] += secs * sum(1 for rid, _ in job.runs if rid[0] == name) / len(job.runs)
+        for ((_, _, _), log), (_, spec) in zip(pairs, job.runs):
+            users = same[repr(spec)]
+            for name, arm, seed in users:
+                logs[name][arm][seed] = log
+            for name, _, _ in users:  # a job's CPU time, split by its runs and their users
+                cpu[name] += secs / len(job.runs) / len(users)
     return [evaluate(e, seed_list, logs[e.name], cpu[e.name], policy, blocks) for e in experiments]
 
 

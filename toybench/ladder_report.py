@@ -85,7 +85,7 @@ def write_ladder(result: ExperimentResult, wall: float, out: Path, command: str)
             f"{m['uniform_groups_final']:.3f} | {m['best_path_final']:.3f} | {m['responses_total']:.0f} |"
         )
     _write_reference(result, out / "reference.json")
-    fig = _ladder_figure(result, out) if plotting_available() else None
+    fig = _ladder_figure(result, out, table["accuracy_final"]) if plotting_available() else None
     if fig:
         lines += ["", f"![ladder]({fig})"]
     (out / "ladder.json").write_text(
@@ -108,13 +108,15 @@ def write_ladder(result: ExperimentResult, wall: float, out: Path, command: str)
     return path
 
 
-def _ladder_figure(result: ExperimentResult, out: Path) -> str:
+def _ladder_figure(result: ExperimentResult, out: Path, finals: list[dict]) -> str:
+    """Accuracy and entropy per rung over the run, and each rung's final accuracy with the
+    interval of the report's table (``finals``: :func:`toybench.ladder.ladder_steps` rows),
+    drawn, not computed again."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pandas as pd
-    import seaborn as sns
 
     rows = [
         {
@@ -133,12 +135,13 @@ def _ladder_figure(result: ExperimentResult, out: Path) -> str:
     for ax, y in zip(axes[:2], ("accuracy", "entropy")):
         draw_arms(ax, df, "step", y, "rung", list(result.logs))
         ax.set_title(y, fontsize=9)
-    fin = pd.DataFrame(
-        [{"rung": r, "accuracy": v} for r in PRESETS for v in result.summaries["accuracy_final"][r]]
-    )
-    sns.pointplot(data=fin, x="rung", y="accuracy", errorbar=("ci", 95), n_boot=500, seed=0, ax=axes[2])
-    axes[2].tick_params(axis="x", rotation=30)
-    axes[2].set_title("final accuracy per rung", fontsize=9)
+    rungs = [r for r in finals if r["rung"] in PRESETS]
+    x = list(range(len(rungs)))
+    mean = [r["mean"] for r in rungs]
+    err = [[r["mean"] - r["low"] for r in rungs], [r["high"] - r["mean"] for r in rungs]]
+    axes[2].errorbar(x, mean, yerr=err, fmt="o-", color="C0", capsize=3)
+    axes[2].set_xticks(x, [r["rung"] for r in rungs], rotation=30, ha="right")
+    axes[2].set_title("final accuracy per rung (mean, 95% bootstrap interval)", fontsize=9)
     legend_below(fig, list(axes[:2]))
     fig.savefig(out / "ladder.png", dpi=100)
     plt.close(fig)

@@ -125,8 +125,25 @@ def table_logp_entropy(
     The log-softmax is taken once over the whole table, token-major (a fast kernel for a
     small vocabulary), and read with one flat index, so a run's gradient accumulates in
     the same order whether or not other runs share the table."""
-    logp_table = torch.log_softmax(table.movedim(-1, 0), dim=0)  # [V, (R,) P, T, K + 1]
-    p, t_max, k1 = table.shape[-4:-1]
+    return read_log_table(table_log_softmax(table), table.shape, prompts, tokens, run, entropy)
+
+
+def table_log_softmax(table: Tensor) -> Tensor:
+    """The log-softmax of every state, token-major [V, (R,) P, T, K + 1] (differentiable)."""
+    return torch.log_softmax(table.movedim(-1, 0), dim=0)
+
+
+def read_log_table(
+    logp_table: Tensor,
+    shape: torch.Size,
+    prompts: Tensor,
+    tokens: Tensor,
+    run: Tensor | None = None,
+    entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`table_logp_entropy` from a :func:`table_log_softmax` already taken (of a table of
+    ``shape``), so that two reads of one table compute its normalisers once."""
+    p, t_max, k1 = shape[-4:-1]
     t = tokens.shape[-1]
     pos = torch.arange(t)
     state = (prompts.unsqueeze(-1) * t_max + pos) * k1 + tokens[..., :1] * (pos > 0)  # path 0 at position 0
@@ -141,9 +158,17 @@ def table_logp_entropy(
     return logp, ent
 
 
-def table_cdf(table: Tensor) -> Tensor:
+def table_probs(table: Tensor) -> Tensor:
+    """Next-token distribution of every state, token-major [V, ..., P, T, K + 1] (the layout
+    :func:`table_cdf` and :func:`end_distribution` compute from; pass it to both to compute
+    it once)."""
+    return torch.softmax(table.movedim(-1, 0), dim=0)
+
+
+def table_cdf(table: Tensor, probs: Tensor | None = None) -> Tensor:
     """Cumulative next-token distribution of every state, token-minor [..., P, T, K + 1, V]."""
-    return torch.softmax(table.movedim(-1, 0), dim=0).cumsum(0).movedim(0, -1).contiguous()
+    probs = table_probs(table) if probs is None else probs
+    return probs.cumsum(0).movedim(0, -1).contiguous()
 
 
 def sample_table(
@@ -172,10 +197,10 @@ def sample_table(
 # index independent runs (the batched engine holds one table per seed).
 
 
-def end_distribution(table: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def end_distribution(table: Tensor, probs: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """First-token probs [..., P, K], P(EOS at position t | path) [..., P, K, T-1] for
-    t = 1..T-1, and P(truncated | path) [..., P, K]."""
-    probs = torch.softmax(table.movedim(-1, 0), dim=0)  # [V, ..., P, T, K + 1]
+    t = 1..T-1, and P(truncated | path) [..., P, K]; ``probs``: :func:`table_probs` of it."""
+    probs = table_probs(table) if probs is None else probs  # [V, ..., P, T, K + 1]
     first = probs[1:, ..., 0, 0].movedim(0, -1)
     stop = probs[EOS, ..., 1:, 1:].transpose(-1, -2)
     survive = torch.cumprod(1 - stop, dim=-1)
@@ -184,21 +209,21 @@ def end_distribution(table: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 @torch.no_grad()
-def exact_lengths(table: Tensor, task: TokenTask) -> Tensor:
+def exact_lengths(table: Tensor, task: TokenTask, probs: Tensor | None = None) -> Tensor:
     """[..., P, K] expected response length (tokens, EOS included) after choosing path k."""
-    _, end_at, trunc = end_distribution(table)
+    _, end_at, trunc = end_distribution(table, probs)
     positions = torch.arange(1, end_at.shape[-1] + 1, dtype=end_at.dtype)
     return (end_at * (positions + 1)).sum(-1) + trunc * task.max_len
 
 
 @torch.no_grad()
-def exact_accuracy(table: Tensor, task: TokenTask) -> Tensor:
+def exact_accuracy(table: Tensor, task: TokenTask, probs: Tensor | None = None) -> Tensor:
     """[..., P] exact probability that a response to each prompt is correct.
 
     Under path k the stop probability at position t >= 1 is s_t; EOS at position t
     means t - 1 work tokens, and terminating at t has probability
     prod_{j<t} (1 - s_j) * s_t. Success needs work >= need_work and the quality draw."""
-    first, end_at, _ = end_distribution(table)
+    first, end_at, _ = end_distribution(table, probs)
     work = torch.arange(end_at.shape[-1])  # work tokens when EOS is at position t
     enough = work.view(1, 1, -1) >= task.need_work.unsqueeze(-1)
     finish = (end_at * enough).sum(-1)  # [..., P, K]

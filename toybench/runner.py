@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from dapo import AlgoConfig, DynamicSampler, RolloutBatch, SamplingWarning, config_reward, update
 from dapo.prompt_selection import PromptSelection, parse_spec, select
 
 from .losses import resolve as resolve_loss
-from .policies import POLICIES, TabularPolicy, ToyPolicy
+from .policies import POLICIES, TabularPolicy, ToyPolicy, sample_table, table_cdf, table_logp_entropy
 from .tasks import TASKS, TokenTask, episode_end, verify
 
 
@@ -61,7 +62,8 @@ class RunSpec:
     ``staleness_threshold``, AReaL's ``max_head_offpolicyness``), and every token keeps the
     log-prob of the version that sampled it (``rollout_logp``); the trainer recomputes
     ``old_logp`` with the current weights, and ``cfg``'s correction (``dapo.offpolicy``)
-    applies. 0 is on-policy, bit for bit the same run. Tabular policy only."""
+    applies through ``dapo.update``. 0 is on-policy, bit for bit the same run. Tabular
+    policy only."""
     staleness_from: int = 0
     """The step the staleness starts at (a fault that appears late, for the health checks);
     before it the run is on-policy."""
@@ -75,10 +77,10 @@ class RunSpec:
     seeded permutation, as a data loader's) and the policy decides which to generate; a round
     holds ``train_groups`` prompts (after one pass of offers, the stream's next ones are taken
     undecided, as ``scale.generator`` does). None:
-    prompts drawn uniformly with replacement (every other experiment). Per-run loop only."""
+    prompts drawn uniformly with replacement (every other experiment)."""
     drift_at: int | None = None
     """From this step on the task is its ``drifted=True`` variant (``prompt_pool``): prompts
-    whose requirement changed become informative again. Per-run loop only."""
+    whose requirement changed become informative again."""
     mismatch: str | None = None
     """Engine precision: the engine's logits are rounded to ``bf16`` or ``fp8`` (e4m3)
     before its softmax, for sampling and for the log-probs it reports; the trainer computes
@@ -88,6 +90,26 @@ class RunSpec:
     def off_policy(self) -> bool:
         """Whether the rollouts come from anything but the trainer's current weights."""
         return self.staleness > 0 or self.partial or self.mismatch is not None
+
+
+PRECISIONS = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+"""The engine precisions ``RunSpec.mismatch`` can simulate."""
+
+
+def engine_precision(table: Tensor, precision: str) -> Tensor:
+    """The logits as an engine in ``precision`` holds them: rounded to that format (round
+    to nearest even; fp8 e4m3 saturates at +-448) and back to float64."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"mismatch must be one of {sorted(PRECISIONS)}, got {precision!r}")
+    return table.to(PRECISIONS[precision]).to(torch.float64)
+
+
+def partial_cuts(seed: int, step: int, rnd: int, n: int, t: int) -> Tensor:
+    """Where a weight update interrupts each of ``n`` responses (positions 0..t; 0: none of
+    it came from the older version), from a stream of its own per (seed, step, round) so
+    that partial rollouts change no other draw of the run."""
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + step) * 1_009 + rnd + 991)
+    return torch.randint(0, t + 1, (n,), generator=gen)
 
 
 def make_task(spec: RunSpec) -> TokenTask:
@@ -104,6 +126,45 @@ def make_policy(spec: RunSpec, task: TokenTask, generator: torch.Generator) -> T
     raise ValueError(f"unknown policy {spec.policy!r}; known: {sorted(POLICIES)}")
 
 
+@dataclass(frozen=True)
+class EngineWeights:
+    """What an off-policy engine samples one step's rounds with: the tables of version
+    ``step - lag`` (``new``) and, for partial rollouts, ``step - lag - 1`` (``old``), each in
+    the engine's precision."""
+
+    new: Tensor
+    old: Tensor
+    partial: bool
+    seed: int
+    step: int
+
+
+def engine_sample(
+    weights: EngineWeights, prompts: Tensor, generator: torch.Generator, rnd: int, t: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Tokens [b, t] sampled by the engine's weights, with the uniforms ``TabularPolicy.sample``
+    draws; with partial rollouts each response is cut where a weight update interrupted it
+    (:func:`partial_cuts`): the same uniforms through the older version before the cut, the
+    newer after it. Returns the tokens, the cuts [b] and each token's behaviour log-prob."""
+    b = prompts.shape[0]
+    u_first = torch.rand(b, generator=generator, dtype=torch.float64)
+    u_rest = torch.rand((b, t - 1), generator=generator, dtype=torch.float64)
+    cdf = table_cdf(weights.new)
+    tokens = sample_table(cdf, prompts, u_first, u_rest)
+    logp, _ = table_logp_entropy(weights.new, prompts, tokens, entropy=False)
+    cut = torch.zeros(b, dtype=torch.long)
+    if weights.partial:
+        cut = partial_cuts(weights.seed, weights.step, rnd, b, t)
+        first = sample_table(table_cdf(weights.old), prompts, u_first, u_rest)
+        later = sample_table(cdf, prompts, None, u_rest, first=first[:, 0])
+        before = torch.arange(t).unsqueeze(0) < cut.unsqueeze(1)
+        tokens = torch.where((cut > 0).unsqueeze(1), torch.where(before, first, later), tokens)
+        lp_new, _ = table_logp_entropy(weights.new, prompts, tokens, entropy=False)
+        lp_old, _ = table_logp_entropy(weights.old, prompts, tokens, entropy=False)
+        logp = torch.where(before, lp_old, lp_new)
+    return tokens, cut, logp
+
+
 def rollout_round(
     policy: ToyPolicy,
     task: TokenTask,
@@ -111,16 +172,24 @@ def rollout_round(
     n_groups: int,
     generator: torch.Generator,
     chosen: list[int] | None = None,
+    engine: EngineWeights | None = None,
+    rnd: int = 0,
 ) -> RolloutBatch:
     """Sample ``n_groups`` prompts (uniformly, with replacement; or the ``chosen`` ones) x G
-    responses each."""
+    responses each, by the policy or, off-policy, by the ``engine``'s weights (round ``rnd``
+    of the step), each token then carrying its sampler's log-prob (``rollout_logp``)."""
     g = cfg.group_size
     if chosen is None:
         picked = torch.randint(task.num_prompts, (n_groups,), generator=generator)
     else:
         picked = torch.tensor(chosen, dtype=torch.long)
     prompts = picked.repeat_interleave(g)
-    tokens = policy.sample(prompts, generator)
+    extras: dict[str, Tensor] = {}
+    rollout_logp = None
+    if engine is None:
+        tokens = policy.sample(prompts, generator)
+    else:
+        tokens, extras["cut"], rollout_logp = engine_sample(engine, prompts, generator, rnd, task.max_len)
     lengths, truncated = episode_end(tokens, task.max_len)
     u = torch.rand(prompts.shape[0], generator=generator, dtype=torch.float64)
     out = verify(task, prompts, tokens, lengths, truncated, u)
@@ -128,8 +197,11 @@ def rollout_round(
     with torch.no_grad():
         old_logp, _ = policy.logp_entropy(prompts, tokens)
     old_logp = torch.where(mask, old_logp, torch.zeros_like(old_logp))
+    if rollout_logp is not None:
+        rollout_logp = torch.where(mask, rollout_logp, torch.zeros_like(rollout_logp))
     return RolloutBatch(
         old_logp=old_logp,
+        rollout_logp=rollout_logp,
         mask=mask,
         lengths=lengths,
         truncated=truncated,
@@ -137,7 +209,7 @@ def rollout_round(
         rewards=config_reward(out.correct, lengths, cfg).to(torch.float64),
         group_ids=prompts,
         group_size=g,
-        extras={"prompts": prompts, "tokens": tokens, "on_track": out.on_track, "path": out.path},
+        extras={"prompts": prompts, "tokens": tokens, "on_track": out.on_track, "path": out.path, **extras},
     )
 
 
@@ -205,10 +277,10 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
     ``toy/*`` and cumulative cost counters)."""
     task = make_task(spec)
     cfg = spec.cfg
-    if spec.off_policy:
+    if spec.off_policy and (spec.policy != "tabular" or spec.engine_noise > 0):
         raise ValueError(
-            "staleness, partial and mismatch run on the batched tabular engine "
-            "(toybench.engine.train_many), without engine noise or a learning-rate fault"
+            "staleness, partial and mismatch need the tabular policy, without injected engine noise "
+            "(the engine's log-probs are the stale version's)"
         )
     if cfg.max_len != task.max_len:
         raise ValueError(
@@ -231,9 +303,11 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
     selection = PromptSelection(parse_spec(spec.selection), seed=spec.seed) if spec.selection else None
     stream = prompt_stream(task.num_prompts, spec.seed)
     drift = _drift(spec)
+    versions: dict[int, Tensor] = {}  # off-policy: the weights before each step
     for step in range(spec.steps):
         if drift is not None and step == spec.drift_at:
             task = policy.task = drift[0]
+        engine = _engine_weights(spec, policy, versions, step) if spec.off_policy else None
         sampler = DynamicSampler.for_config(cfg)
         truncated = on_track = 0
         gen_time = dict.fromkeys(SIM_TAILS, 0.0)
@@ -241,7 +315,7 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
             chosen = None
             if selection is not None:  # as the trainer: one pass of offers, then fill the round
                 chosen, _ = select(selection, stream, cfg.train_groups, step, task.num_prompts, fill=True)
-            rb = rollout_round(policy, task, cfg, cfg.train_groups, gen, chosen)
+            rb = rollout_round(policy, task, cfg, cfg.train_groups, gen, chosen, engine, sampler.rounds)
             if selection is not None and chosen is not None:
                 n_correct = rb.correct.view(-1, cfg.group_size).sum(1).tolist()
                 selection.observe(chosen, n_correct, cfg.group_size, step)
@@ -272,6 +346,8 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
                 }
             )
         m.update(sampler.metrics())
+        if engine is not None:
+            m["toy/staleness"] = _staleness(spec, step, batch)
         if spec.lr_boost != 1.0 and step == spec.lr_boost_from:
             for group in optimizer.param_groups:
                 group["lr"] = spec.lr * spec.lr_boost
@@ -289,6 +365,38 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
             m[f"cost/gen_time_{name}_total"] = totals[name]
         log.append(m)
     return log
+
+
+def _lag(spec: RunSpec, step: int) -> int:
+    return spec.staleness if step >= spec.staleness_from else 0
+
+
+def _engine_weights(
+    spec: RunSpec, policy: ToyPolicy, versions: dict[int, Tensor], step: int
+) -> EngineWeights:
+    """This step's engine: the version ``step - k`` (and ``step - k - 1`` for partial
+    rollouts), clamped at version 0, in the engine's precision."""
+    assert isinstance(policy, TabularPolicy)
+    versions[step] = policy.table.detach().clone()
+    for v in [v for v in versions if v < step - spec.staleness - 1]:
+        del versions[v]
+    lag = _lag(spec, step)
+    new = versions[max(step - lag, 0)]
+    old = versions[max(step - lag - 1, 0)] if spec.partial else new
+    if spec.mismatch is not None:
+        new, old = engine_precision(new, spec.mismatch), engine_precision(old, spec.mismatch)
+    return EngineWeights(new, old, spec.partial, spec.seed, step)
+
+
+def _staleness(spec: RunSpec, step: int, batch: RolloutBatch | None) -> float:
+    """``toy/staleness``: the mean policy-version lag of the batch's response tokens."""
+    if batch is None or not bool(batch.mask.any()):
+        return float("nan")
+    k = min(_lag(spec, step), step)
+    k_old = min(_lag(spec, step) + 1, step) if spec.partial else k
+    pos = torch.arange(batch.mask.shape[-1])
+    lag = torch.where(pos < batch.extras["cut"].unsqueeze(-1), float(k_old), float(k))
+    return float(lag[batch.mask].sum() / batch.mask.sum())
 
 
 def _long_prompts(task: TokenTask) -> torch.Tensor:

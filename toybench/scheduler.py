@@ -2,8 +2,8 @@
 
 :func:`plan` stacks runs that can share the batched engine (:mod:`toybench.engine`) into
 jobs of at most ``max_runs`` runs with the same window geometry (so no run waits on
-windows it does not have); anything else (the GRU policy, injected engine noise) is a
-job of one run for the per-run loop (:func:`toybench.runner.train`). :func:`execute`
+windows it does not have); anything else (the GRU policy, the health suite's injected
+engine noise and learning-rate fault) is a job of one run for the per-run loop (:func:`toybench.runner.train`). :func:`execute`
 runs the jobs, longest first, on this process and ``workers - 1`` spawned ones that start
 while this one already computes. Results never depend on the plan or the worker count:
 each run owns its random stream.

@@ -1,0 +1,62 @@
+"""`dapo toy suite` (what `nox -s toy` runs): every family in one pass, each family's files as
+its own command writes them, and a run two families share trained once and given to both."""
+
+import json
+
+import pytest
+from test_toy_engine import assert_logs_match
+
+from dapo.cli import main as dapo_main
+from toybench.experiment import run_experiments, with_steps
+from toybench.experiments import REGISTRY
+from toybench.off_policy import protection_experiments
+
+pytestmark = pytest.mark.slow
+
+
+def _contrasts(path):
+    data = json.loads(path.read_text())
+    return {
+        name: [(c["name"], c["verdict"], c["blocks"]) for c in e["contrasts"]]
+        for name, e in data["experiments"].items()
+    }
+
+
+def test_the_suite_writes_every_familys_files_and_equals_the_separate_commands(tmp_path, capsys):
+    out = tmp_path / "runs"
+    args = ["toy", "suite", "--seeds", "2", "--steps", "12", "--jobs", "2", "--quiet", "--no-plots"]
+    assert dapo_main([*args, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for name in ("toy", "prompt_selection"):
+        assert (out / name / "summary.json").is_file()
+    for name in ("entropy_collapse", "zero_gradient", "length_bias", "truncation_noise"):
+        assert (out / "toy" / name / "metrics.jsonl").is_file()
+    assert (out / "ladder" / "README.md").is_file() and (out / "ladder" / "ladder.json").is_file()
+    assert (out / "off_policy" / "README.md").is_file() and (out / "off_policy" / "off_policy.json").is_file()
+    # the closing lines: the four verdicts, where each report is, and the shared runs
+    tail = printed[printed.index("== the four failure modes") :]
+    assert all(name in tail for name in REGISTRY) and "== reports" in tail
+    assert "shared by two families" in tail
+    # the gate's summary is what `dapo toy run all` writes for the same seeds and horizon
+    alone = tmp_path / "alone"
+    assert dapo_main(["toy", "run", "all", "--seeds", "2", "--steps", "12", "--jobs", "2", "--quiet",
+                      "--no-plots", "--brief", "--out", str(alone)]) == 0  # fmt: skip
+    assert _contrasts(out / "toy" / "summary.json") == _contrasts(alone / "summary.json")
+
+
+def test_a_run_two_experiments_share_is_trained_once_and_given_to_both():
+    """The off-policy protection's k = 0 arms are the failure mode's own arms: one training,
+    the same log in both results, equal to the experiment run on its own (the trajectory bit
+    for bit; reductions over a run's tokens to the last bits, which depend on batch-mates)."""
+    exp = with_steps(REGISTRY["length_bias"], 6)
+    (prot,) = [with_steps(e, 6) for e in protection_experiments(staleness=(0, 1)) if "length" in e.name]
+    stats: dict[str, int] = {}
+    both = run_experiments([exp, prot], seeds=[0, 1], jobs=1, progress=False, stats=stats)
+    shared = len(exp.arms) * 2  # each arm of the experiment, on both seeds, is prot's k = 0 arm
+    assert stats["run_ids"] == (len(exp.arms) + len(prot.arms)) * 2
+    assert stats["runs"] == stats["run_ids"] - shared
+    (alone,) = run_experiments([exp], seeds=[0, 1], jobs=1, progress=False)
+    for arm in exp.arms:
+        for seed in (0, 1):
+            assert_logs_match(alone.logs[arm][seed], both[0].logs[arm][seed], (arm, seed))
+            assert both[1].logs[f"{arm}_k0"][seed] is both[0].logs[arm][seed]

@@ -1,0 +1,110 @@
+"""Every toy family in one pass (``dapo toy suite``, the run of ``nox -s toy``).
+
+The four failure modes (``dapo toy run all``), the Table-1 ladder (``dapo toy ladder``), the
+off-policy family (``dapo toy off-policy``) and prompt selection (``dapo toy run
+prompt_selection``) are planned as one set of runs: one scheduler spreads them over the
+cores (no family waits for another's last job), a run two families share (a failure mode's
+arm is the off-policy protection's k = 0 arm; the ladder's GRPO and DAPO rungs are the grid's
+k = 0 bases) is trained once, and torch is imported once. Each family then writes exactly
+what its own command writes, under ``out/<family>``; the results are those of the separate
+commands, run for run (each run owns its random stream, whoever trains it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .experiment import Experiment, ExperimentResult, run_experiments
+
+FAMILIES = ("toy", "ladder", "off_policy", "prompt_selection")
+"""Output folders under ``--out``, in the order the suite reports them (``toy`` holds the four
+failure modes and the summary the gate reads, as ``dapo toy run all --out runs/toy``)."""
+
+
+def family_experiments(steps: int | None = None) -> dict[str, list[Experiment]]:
+    """The experiments of each family, as their own commands build them."""
+    from . import off_policy as O
+    from .experiment import with_steps
+    from .experiments import BEYOND, REGISTRY
+    from .ladder import ladder_experiment
+
+    fams = {
+        "toy": list(REGISTRY.values()),
+        "ladder": [ladder_experiment()],
+        "off_policy": [O.grid_experiment(), *O.protection_experiments()],
+        "prompt_selection": [BEYOND["prompt_selection"]],
+    }
+    if steps is not None:
+        fams = {k: [with_steps(e, steps) for e in v] for k, v in fams.items()}
+    return fams
+
+
+@dataclass
+class SuiteResult:
+    families: dict[str, list[ExperimentResult]]
+    wall_seconds: float
+    runs: int
+    """Runs trained (after runs shared by two families were merged)."""
+    run_ids: int
+    """(experiment, arm, seed) triples the families ask for."""
+
+
+def run_suite(
+    seeds: int = 10,
+    jobs: int | None = None,
+    seed_start: int = 0,
+    confirm: bool = True,
+    progress: bool = True,
+    steps: int | None = None,
+) -> SuiteResult:
+    fams = family_experiments(steps)
+    order = [e for name in FAMILIES for e in fams[name]]
+    t0 = time.perf_counter()
+    stats: dict[str, int] = {}
+    results = run_experiments(
+        order, seeds=seeds, jobs=jobs, seed_start=seed_start, confirm=confirm, progress=progress, stats=stats
+    )
+    wall = time.perf_counter() - t0
+    by_name = {r.experiment.name: r for r in results}
+    out = {name: [by_name[e.name] for e in fams[name]] for name in FAMILIES}
+    return SuiteResult(out, wall, stats["runs"], stats["run_ids"])
+
+
+def write_suite(result: SuiteResult, out: Path, command: str, plots: bool = True) -> dict[str, Path]:
+    """Each family's files, as its own command writes them; returns each family's report."""
+    from .ladder_report import write_ladder
+    from .off_policy_report import write_report
+    from .output import write_all
+    from .plots import plot_experiment, plotting_available
+
+    f, wall = result.families, result.wall_seconds
+    draw = plots and plotting_available()
+    paths: dict[str, Path] = {}
+    for name in ("toy", "prompt_selection"):
+        write_all(f[name], out / name, wall)
+        paths[name] = out / name / "summary.json"
+        if draw:
+            for r in f[name]:
+                plot_experiment(r, out / name / r.experiment.name / f"{r.experiment.name}.png")
+    paths["ladder"] = write_ladder(f["ladder"][0], wall, out / "ladder", command)
+    grid, *protection = f["off_policy"]
+    paths["off_policy"] = write_report(grid, protection, wall, out / "off_policy", command)
+    return paths
+
+
+def closing_summary(result: SuiteResult, paths: dict[str, Path]) -> str:
+    """The lines a user reads last: the four verdicts, and where each family's report is."""
+    lines = ["", "== the four failure modes (the gate's claims; reproduced = on both seed blocks)"]
+    for r in result.families["toy"]:
+        p = r.primary
+        lines.append(f"   {r.experiment.name:<18} {p.verdict:<15} {p.contrast.name}")
+    lines.append("== reports")
+    for name in FAMILIES:
+        lines.append(f"   {name:<18} {paths[name]}")
+    lines.append(
+        f"{result.runs} runs ({result.run_ids - result.runs} shared by two families) in "
+        f"{result.wall_seconds:.1f} s wall"
+    )
+    return "\n".join(lines)
