@@ -27,21 +27,30 @@ def toy_results():
     return {r.experiment.name: r for r in run_experiments(list(REGISTRY.values()), seeds=10, jobs=2)}
 
 
-# Files that take minutes run first, so that with several workers (``pytest -n 2 --dist
-# loadfile``, what ``nox -s tests`` runs) no worker starts a long file when the others are
-# nearly done. The order within a file, and what each test checks, is unchanged.
+# With several workers (``pytest -n 2 --dist loadgroup``, what ``nox -s tests`` runs) a file's
+# tests stay together on one worker (its module fixtures, such as a loss corpus, are built
+# once), except the files of many long, independent tests, whose tests are spread over the
+# workers one by one; and what takes minutes starts first, so that no worker begins a long
+# unit when the others are nearly done. What each test checks is unchanged.
 SLOW_FIRST = (
     "test_scale_trainer.py",
-    "test_check.py",
     "test_gpu_check.py",
+    "test_check.py",
     "test_health.py",
     "test_toy_engine.py",
     "test_toy_off_policy_family.py",
+    "test_toy_suite.py",
     "test_multiproc.py",
     "test_rollout.py",
 )
+SPREAD = {"test_scale_trainer.py", "test_gpu_check.py"}
+"""Files whose tests are distributed one by one (each builds only a small fixture)."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
+    for item in items:
+        if item.path.name not in SPREAD:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))

@@ -14,12 +14,21 @@ pytest.importorskip("nox")
 
 
 def _noxfile():
+    """The noxfile as a module, its sessions kept out of nox's registry (a second load would
+    register them again, which nox warns about)."""
+    import nox.registry
+
     spec = importlib.util.spec_from_file_location(
         "noxfile_under_test", Path(__file__).parents[1] / "noxfile.py"
     )
     module = importlib.util.module_from_spec(spec)
     sys.modules["noxfile_under_test"] = module
-    spec.loader.exec_module(module)
+    saved = dict(nox.registry._REGISTRY)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        nox.registry._REGISTRY.clear()
+        nox.registry._REGISTRY.update(saved)
     return module
 
 
