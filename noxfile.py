@@ -116,9 +116,9 @@ def tests(session: nox.Session) -> None:
     _install(session, "dev,scale,scale-cpu,peers")
     env = {"DAPO_REQUIRE_SCALE": "1", "DAPO_REQUIRE_PEERS": "1", **CPU_ENV}
     # one pytest worker per core (at most 4: each holds torch, vLLM and the peers in memory); a
-    # file stays on one worker (its module fixtures are built once) except the files of many
-    # long independent tests, and what takes minutes starts first (tests/conftest.py)
-    workers = [] if "-n" in args or "-p" in args else ["-n", str(TEST_WORKERS), "--dist", "loadgroup"]
+    # file stays on one worker (its module fixtures are built once), and the files that take
+    # minutes start first (tests/conftest.py)
+    workers = [] if "-n" in args or "-p" in args else ["-n", str(TEST_WORKERS), "--dist", "loadfile"]
     # --with-scale-cpu: scale_cpu's smoke run and rehearsal beside pytest, in this environment
     # (their waits for vLLM and for the heartbeat leave cores idle that pytest fills)
     beside = _scale_cpu_beside(session) if "--with-scale-cpu" in session.posargs else None

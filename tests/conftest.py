@@ -27,13 +27,12 @@ def toy_results():
     return {r.experiment.name: r for r in run_experiments(list(REGISTRY.values()), seeds=10, jobs=2)}
 
 
-# With several workers (``pytest -n 2 --dist loadgroup``, what ``nox -s tests`` runs) a file's
-# tests stay together on one worker (its module fixtures, such as a loss corpus, are built
-# once), and what takes minutes starts first, so that no worker begins a long file when the
-# others are nearly done. test_scale_trainer.py (a third of the suite's time, one `dapo train`
-# per test) is split in two halves, one per worker, each building its own tiny model; running
-# its tests one by one instead puts several multi-process runs on the two cores at once, which
-# measured slower (2026-12-03: 59 tests done after 16 minutes). What each test checks is unchanged.
+# Files that take minutes run first, so that with several workers (``pytest -n 2 --dist
+# loadfile``, what ``nox -s tests`` runs) no worker starts a long file when the others are
+# nearly done. The order within a file, and what each test checks, is unchanged. A file stays
+# whole on one worker: its module fixtures are built once, and no two of
+# test_scale_trainer.py's runs (each a `dapo train` with a vLLM-CPU engine) share the two cores
+# (spread over both workers they ran several times slower: 2 tests in 9 minutes, 2026-12-03).
 SLOW_FIRST = (
     "test_scale_trainer.py",
     "test_check.py",
@@ -41,22 +40,11 @@ SLOW_FIRST = (
     "test_health.py",
     "test_toy_engine.py",
     "test_toy_off_policy_family.py",
-    "test_toy_suite.py",
     "test_multiproc.py",
     "test_rollout.py",
 )
-HALVES = {"test_scale_trainer.py"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
-    seen: dict[str, int] = {}
-    for item in items:
-        name = item.path.name
-        group = name
-        if name in HALVES:  # alternate, in file order: each half gets long and short tests
-            i = seen[name] = seen.get(name, -1) + 1
-            group = f"{name}:{i % 2}"
-        item.add_marker(pytest.mark.xdist_group(group))
