@@ -250,11 +250,6 @@ class _Engine:
         before = torch.arange(lp_new.shape[-1]) < batch["cut"].unsqueeze(-1)
         return torch.where(before, lp_old, lp_new)
 
-    def logp_entropy(
-        self, run: Tensor, prompts: Tensor, tokens: Tensor, entropy: bool = True
-    ) -> tuple[Tensor, Tensor | None]:
-        return table_logp_entropy(self.table, prompts, tokens, run=run, entropy=entropy)
-
     # -- one generation round for the active runs --------------------------------------------
     @torch.no_grad()
     def generate(
@@ -505,7 +500,6 @@ class _Engine:
         # the first window's forward reads the table old_logp is read from: one log-softmax
         # for both, until the first optimizer step changes the table
         log_table: Tensor | None = table_log_softmax(self.table)
-        assert log_table is not None
         with torch.no_grad():
             old_logp, _ = read_log_table(
                 log_table.detach(), self.table.shape, batch["prompts"], batch["tokens"], batch["run"], False
@@ -610,14 +604,13 @@ class _Engine:
         has_l = has.tolist()
         out = []
         for r in range(R):
+            # dapo.update's order: toy/staleness (the loop's, before it), the step counts, mismatch/*, the rest
+            head = {k: v for k, v in off_metrics[r].items() if k == "toy/staleness"}
             if not has_l[r]:  # no informative group at all: dapo.update returns early, no mismatch/*
-                head = {k: v for k, v in off_metrics[r].items() if k == "toy/staleness"}
                 out.append({**head, "actor/optimizer_steps": 0.0, "actor/skipped_steps": 0.0})
                 continue
             m = finish[r]
             m["actor/mean_prob"], m["actor/loss_tokens"], m["actor/filtered_responses"] = extra[r]
-            # dapo.update's order: toy/staleness (the loop's, before it), the step counts, mismatch/*, the rest
-            head = {k: v for k, v in off_metrics[r].items() if k == "toy/staleness"}
             steps = {k: m[k] for k in ("actor/optimizer_steps", "actor/skipped_steps")}
             out.append({**head, **steps, **off_metrics[r], **m})
         return out

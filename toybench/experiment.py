@@ -316,7 +316,7 @@ def run_experiments(
     logs: dict[str, dict[str, dict[int, Log]]] = {e.name: {a: {} for a in e.arms} for e in experiments}
     cpu: dict[str, float] = {e.name: 0.0 for e in experiments}
     for job, (pairs, secs) in zip(job_list, done):
-        for ((_, _, _), log), (_, spec) in zip(pairs, job.runs):
+        for (_, log), (_, spec) in zip(pairs, job.runs):
             users = same[repr(spec)]
             for name, arm, seed in users:
                 logs[name][arm][seed] = log

@@ -151,7 +151,6 @@ def engine_sample(
     u_rest = torch.rand((b, t - 1), generator=generator, dtype=torch.float64)
     cdf = table_cdf(weights.new)
     tokens = sample_table(cdf, prompts, u_first, u_rest)
-    logp, _ = table_logp_entropy(weights.new, prompts, tokens, entropy=False)
     cut = torch.zeros(b, dtype=torch.long)
     if weights.partial:
         cut = partial_cuts(weights.seed, weights.step, rnd, b, t)
@@ -159,9 +158,10 @@ def engine_sample(
         later = sample_table(cdf, prompts, None, u_rest, first=first[:, 0])
         before = torch.arange(t).unsqueeze(0) < cut.unsqueeze(1)
         tokens = torch.where((cut > 0).unsqueeze(1), torch.where(before, first, later), tokens)
-        lp_new, _ = table_logp_entropy(weights.new, prompts, tokens, entropy=False)
+    logp, _ = table_logp_entropy(weights.new, prompts, tokens, entropy=False)
+    if weights.partial:
         lp_old, _ = table_logp_entropy(weights.old, prompts, tokens, entropy=False)
-        logp = torch.where(before, lp_old, lp_new)
+        logp = torch.where(before, lp_old, logp)
     return tokens, cut, logp
 
 
