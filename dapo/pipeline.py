@@ -16,6 +16,17 @@ processes, and a checkpoint after step ``s`` that holds batches ``s+1 .. s+k`` (
 versions ``s-k .. s-1``, which the checkpoint no longer has) resumes exactly: the next batch
 to sample, ``s + k + 1``, needs version ``s``, the checkpoint's own weights.
 
+A resumed run has no version older than its checkpoint's: after a resume at step ``s`` the
+oldest version that exists is ``s`` (the *floor*). A batch the checkpoint does not hold and
+whose behaviour version is below the floor (a finished run extended with more steps, a resume
+with a larger k, batches dropped because they break a smaller k) is sampled by the floor
+instead,
+
+    v(b) = max(floor, b - 1 - k)                                       (after a resume)
+
+which is fresher than the schedule asks (its staleness ``b - 1 - floor`` is below k): the bound
+still holds for every token, and from batch ``floor + k + 1`` on the schedule is the usual one.
+
 :func:`simulate` is the clock of that pipeline (one generator side, one learner side): the
 generator starts batch ``s`` once its previous batch is done and version ``v(s)`` exists;
 the learner starts step ``s`` once step ``s - 1`` is done and batch ``s`` has arrived, and
@@ -29,37 +40,40 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
-def behaviour_version(step: int, k: int) -> int:
-    """The policy version that samples the batch of training step ``step`` (from 1)."""
-    if step < 1 or k < 0:
-        raise ValueError(f"step must be >= 1 and k >= 0 (got step={step}, k={k})")
-    return max(0, step - 1 - k)
+def behaviour_version(step: int, k: int, floor: int = 0) -> int:
+    """The policy version that samples the batch of training step ``step`` (from 1); ``floor``:
+    the oldest version that exists (a resumed run's checkpoint step; 0 for a fresh run)."""
+    if step < 1 or k < 0 or not 0 <= floor <= step - 1:
+        raise ValueError(
+            f"step must be >= 1, k >= 0 and 0 <= floor < step (got step={step}, k={k}, floor={floor})"
+        )
+    return max(floor, step - 1 - k)
 
 
-def staleness(step: int, k: int) -> int:
+def staleness(step: int, k: int, floor: int = 0) -> int:
     """Versions between the sampler of batch ``step`` and the learner that trains it."""
-    return step - 1 - behaviour_version(step, k)
+    return step - 1 - behaviour_version(step, k, floor)
 
 
-def partial_version(step: int, k: int) -> int | None:
+def partial_version(step: int, k: int, floor: int = 0) -> int | None:
     """With partial rollouts, the version that continues batch ``step``'s responses after the
     first segment: the next one, ``behaviour_version + 1``, which samples the next batch too
     (versions never go back) and which the learner has before it trains this step (None
-    otherwise: the first k batches, and k = 0). Its tokens are one version fresher, so the
-    bound k still holds for every token."""
-    if k < 1 or step < k + 1:  # the next batch is sampled by the same clamped version 0
+    otherwise: the first k batches, the batches sampled by the floor, and k = 0). Its tokens are
+    one version fresher, so the bound k still holds for every token."""
+    if k < 1 or step - k <= floor:  # the next batch is sampled by the same clamped version
         return None
     return step - k  # = behaviour_version(step, k) + 1 = behaviour_version(step + 1, k)
 
 
-def versions_needed(first: int, last: int, k: int, partial: bool = False) -> range:
+def versions_needed(first: int, last: int, k: int, partial: bool = False, floor: int = 0) -> range:
     """The policy versions that batches ``first .. last`` are sampled by (consecutive)."""
     if last < first:
         return range(0)
-    top = behaviour_version(last, k)
-    if partial and (p := partial_version(last, k)) is not None:
+    top = behaviour_version(last, k, floor)
+    if partial and (p := partial_version(last, k, floor)) is not None:
         top = p
-    return range(behaviour_version(first, k), top + 1)
+    return range(behaviour_version(first, k, floor), top + 1)
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,7 @@ def train_main(argv: list[str] | None = None) -> int:
     from . import heartbeat
     from .checkpoint import ResumeError
     from .collective_devices import CollectiveDeviceError, checked, compute_device
+    from .disaggregated import ScheduleError, StalenessError
     from .engines import EngineError
     from .rollout import RolloutDivergence
     from .topology import CollectiveTimeout, is_collective_failure, preload_collective_modules, shutdown
@@ -143,6 +144,9 @@ def train_main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 4
+    except (ScheduleError, StalenessError) as err:  # a bug, not a fault: resuming would meet it again
+        print(f"dapo train: rank {os.environ.get('RANK', '0')}: {err}", file=sys.stderr)
+        return 3
     except (CollectiveTimeout, RolloutDivergence) as err:
         if isinstance(err, CollectiveTimeout):
             heartbeat.await_verdict()

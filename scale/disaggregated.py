@@ -14,6 +14,19 @@ sampled by versions the checkpoint no longer holds; resumed, the pool starts the
 at batch ``s + k + 1``, which version ``s`` (the checkpoint's own) samples: the run continues
 exactly as if it had not stopped.
 
+A resume may also change the schedule (:func:`in_flight_to_continue`): more ``train.steps``
+than the checkpoint's run had (it generated nothing beyond its last step), another k, another
+number of generators or learner ranks, partial rollouts switched. No version older than the
+checkpoint exists then, so a batch the checkpoint does not hold is sampled by version
+``max(s, b - 1 - k)`` (:func:`dapo.pipeline.behaviour_version` with ``floor = s``): fresher than
+the schedule asks, never staler. Held batches that a smaller k no longer allows are sampled
+again from the same place of the prompt stream; held batches planned for another number of
+learner ranks are split again (:func:`replan`).
+
+No wait is without an end: the learner waits for a batch only while every version it needs
+has been published or is about to be (:meth:`GeneratorPool.wait_for`), and a generator waits
+for a version only while the versions arriving have not passed it (:mod:`scale.generator`).
+
 A generator process that exits before its work is done ends the run with one line naming it
 and its log (:class:`scale.engines.EngineError`, exit status 4 of ``dapo train``).
 """
@@ -41,6 +54,60 @@ from .engines import EngineError
 
 class StalenessError(RuntimeError):
     """A batch arrived with tokens older than ``rollout.max_staleness`` allows (a bug)."""
+
+
+class ScheduleError(RuntimeError):
+    """A wait that can never end: the batch or policy version waited for cannot arrive (a bug
+    in the schedule; said at once instead of after the collective timeout)."""
+
+
+def oldest_version(parts: list[dict[str, Any]]) -> int | None:
+    """The oldest policy version of any token in a batch's messages (None: no token)."""
+    found = [
+        int(v.min())
+        for p in parts
+        if p["groups"] is not None and (v := p["groups"]["extras"]["version"][p["groups"]["mask"]]).numel()
+    ]
+    return min(found) if found else None
+
+
+def in_flight_to_continue(
+    held: dict[int, list[dict[str, Any]]], step: int, k: int
+) -> tuple[dict[int, list[dict[str, Any]]], list[int]]:
+    """Of the batches a checkpoint after ``step`` holds (consecutive from ``step + 1``), those a
+    run with staleness ``k`` may still train: the leading ones whose every token is within k of
+    the learner that will train it; the rest (a resume with a smaller k) are dropped and sampled
+    again, from the prompt stream's position after the last one kept. Returns (kept, dropped)."""
+    kept: dict[int, list[dict[str, Any]]] = {}
+    for b in sorted(held):
+        if b != step + 1 + len(kept):
+            raise ValueError(f"the checkpoint of step {step} holds batches {sorted(held)}: not consecutive")
+        oldest = oldest_version(held[b])
+        if oldest is not None and oldest < b - 1 - k:
+            break
+        kept[b] = held[b]
+    return kept, [b for b in sorted(held) if b not in kept]
+
+
+def replan(parts: list[dict[str, Any]], learners: int, group_size: int) -> list[list[list[int]]]:
+    """A held batch's split over ``learners`` ranks, made again as its generators make it
+    (:meth:`scale.rollout.GlobalDynamicSampler.kept`: groups in canonical key order, balanced
+    by their prompt + response tokens), for a resume on another number of learner ranks."""
+    from dapo.sampling import balance_groups
+
+    from .policy import row_tokens
+    from .rollout import from_state
+
+    tokens: dict[tuple[int, ...], int] = {}
+    for p in parts:
+        if p["groups"] is None:
+            continue
+        per_group = row_tokens(from_state(p["groups"])).view(-1, group_size).sum(1).tolist()
+        for key, n in zip(p["keys"], per_group):
+            tokens[tuple(key)] = int(n)
+    keys = sorted(tokens)
+    plan = balance_groups([tokens[x] for x in keys], learners)
+    return [[list(keys[i]) for i in sorted(part)] for part in plan]
 
 
 def _host() -> str:
@@ -74,12 +141,17 @@ class GeneratorPool:
         last: int,
         stream_state: dict[str, int],
         max_model_len: int,
+        floor: int = 0,
         log: Callable[[str], None] = print,
     ):
+        """Generators for batches ``first .. last``; ``floor``: the oldest policy version the
+        learner can publish (the step it holds now: 0 fresh, the checkpoint's step resumed)."""
         self.cfg = cfg
         self.k = cfg.rollout.max_staleness
         self.rank = rank
-        self.first, self.last = first, last
+        self.first, self.last, self.floor = first, last, floor
+        self.restored: set[int] = set()
+        """Batches taken over from a checkpoint (sampled on its schedule, not this pool's)."""
         self.log = log
         self.n = cfg.rollout.generators
         self.received: dict[int, list[dict[str, Any]]] = {}
@@ -116,6 +188,7 @@ class GeneratorPool:
             "first": first,
             "last": last,
             "k": self.k,
+            "floor": floor,
             "learners": learners,
             "stream": stream_state,
             "max_model_len": max_model_len,
@@ -190,23 +263,51 @@ class GeneratorPool:
         if self.error is not None:
             raise EngineError(f"receiving batches from the generators failed: {self.error}")
 
-    def wait_for(self, batch: int) -> float:
-        """Block until ``batch`` has arrived (rank 0); the seconds waited."""
+    def _needs(self, batch: int) -> range:
+        return versions_needed(batch, batch, self.k, self.cfg.rollout.partial, self.floor)
+
+    def _reachable(self, batch: int, holding: int) -> None:
+        """:class:`ScheduleError` if ``batch`` cannot arrive while the learner holds version
+        ``holding`` and waits: it is outside what the generators were asked for, or a version
+        it needs was never published (publishing only goes forward) or is one the learner
+        cannot publish before it has this batch."""
+        if batch in self.received or batch in self.restored:
+            return
+        if not self.first <= batch <= self.last:
+            raise ScheduleError(
+                f"the learner waits for batch {batch}, which no generator was asked for (they "
+                f"make batches {self.first}..{self.last}); stopping instead of waiting"
+            )
+        for v in self._needs(batch):
+            if v > holding or v not in self.published:
+                why = "is newer than the learner's" if v > holding else "was never published"
+                raise ScheduleError(
+                    f"batch {batch} needs policy version {v}, which {why} (the learner holds "
+                    f"version {holding}; k={self.k}, oldest version {self.floor}): it can never "
+                    "arrive; stopping instead of waiting"
+                )
+
+    def wait_for(self, batch: int, holding: int) -> float:
+        """Block until ``batch`` has arrived (rank 0), while the learner holds version
+        ``holding``; the seconds waited."""
         t0 = time.perf_counter()
         with self.cond:
             while batch not in self.received:
+                self._reachable(batch, holding)
                 self._check()
                 self.cond.wait(1.0)
         return time.perf_counter() - t0
 
     def take(self, step: int) -> tuple[list[dict[str, Any]], float]:
-        """Batch ``step``'s messages, one per generator (rank 0), and the seconds waited."""
-        idle = self.wait_for(step)
+        """Batch ``step``'s messages, one per generator (rank 0), and the seconds waited. Every
+        token must be within k of the learner (version ``step - 1``); a batch this pool made
+        must also come from exactly the version the schedule names."""
+        idle = self.wait_for(step, step - 1)
         with self.cond:
             parts = self.received.pop(step)
-        want = behaviour_version(step, self.k)
+        want = behaviour_version(step, self.k, self.floor)
         for p in parts:
-            if p["version"] != want:
+            if step not in self.restored and p["version"] != want:
                 raise StalenessError(f"batch {step} was sampled by version {p['version']}, not {want}")
             groups = p["groups"]
             if groups is not None:
@@ -232,20 +333,22 @@ class GeneratorPool:
         """After step ``step``: batches ``step+1 .. step+k`` (within the run), waited for (rank 0)."""
         upto = min(step + self.k, self.last)
         for b in range(step + 1, upto + 1):
-            self.wait_for(b)
+            self.wait_for(b, step)
         with self.cond:
             return {b: self.received[b] for b in range(step + 1, upto + 1)}
 
     def restore(self, held: dict[int, list[dict[str, Any]]]) -> None:
+        """Batches a checkpoint held (:func:`in_flight_to_continue`), for the learner to take."""
         with self.cond:
             self.received.update(held)
+            self.restored.update(held)
 
     def publish(
         self, version: int, named: Callable[[], Iterator[tuple[str, torch.Tensor]]], header: list[Any]
     ) -> bool:
         """Send policy ``version`` to the generators if a batch still to sample needs it
         (every learner rank calls this; ``named`` gathers the full tensors)."""
-        needed = versions_needed(self.first, self.last, self.k, self.cfg.rollout.partial)
+        needed = versions_needed(self.first, self.last, self.k, self.cfg.rollout.partial, self.floor)
         if version not in needed or version in self.published:
             return False
         self.published.add(version)
@@ -297,4 +400,13 @@ def weights_header(lm: torch.nn.Module, dtype: torch.dtype) -> list[tuple[str, l
     return [(n, list(t.shape), str(dtype).removeprefix("torch.")) for n, t in lm.state_dict().items()]
 
 
-__all__ = ["GeneratorPool", "StalenessError", "generator_gpus", "weights_header"]
+__all__ = [
+    "GeneratorPool",
+    "ScheduleError",
+    "StalenessError",
+    "generator_gpus",
+    "in_flight_to_continue",
+    "oldest_version",
+    "replan",
+    "weights_header",
+]

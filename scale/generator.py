@@ -244,7 +244,7 @@ def empty_groups(n_groups: int, group_size: int, t: int, pad_id: int) -> Rollout
 
 class _Versions:
     """Policy versions received from the learner, kept in host memory until the engine needs
-    them (filled by a thread that does nothing but receive)."""
+    them (filled by a thread that does nothing but receive, in increasing order)."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
@@ -252,10 +252,20 @@ class _Versions:
         self.error: BaseException | None = None
         self.floor = 0
         """Versions below this were dropped (a generator never goes back)."""
+        self.newest = -1
+        """The newest version received."""
+        self.finished = False
+        """Every version this generator's batches need has been received."""
 
     def put(self, version: int, tensors: list[tuple[str, torch.Tensor]]) -> None:
         with self.cond:
             self.held[version] = tensors
+            self.newest = max(self.newest, version)
+            self.cond.notify_all()
+
+    def finish(self) -> None:
+        with self.cond:
+            self.finished = True
             self.cond.notify_all()
 
     def fail(self, err: BaseException) -> None:
@@ -264,7 +274,8 @@ class _Versions:
             self.cond.notify_all()
 
     def take(self, version: int) -> list[tuple[str, torch.Tensor]]:
-        """Version ``version``, waiting for it; older versions are dropped."""
+        """Version ``version``, waiting for it while it can still arrive; older versions are
+        dropped."""
         with self.cond:
             if version < self.floor:
                 raise RuntimeError(f"policy version {version} was asked for after version {self.floor}")
@@ -272,6 +283,12 @@ class _Versions:
             while version not in self.held:
                 if self.error is not None:
                     raise RuntimeError(f"receiving policy versions failed: {self.error}") from self.error
+                if self.newest > version or self.finished:
+                    raise RuntimeError(
+                        f"waiting for policy version {version}, which can no longer arrive (the "
+                        f"learner has sent up to version {self.newest}"
+                        f"{' and nothing more is due' if self.finished else ''}); a schedule bug"
+                    )
                 self.cond.wait(1.0)
             for v in [v for v in self.held if v < version]:
                 del self.held[v]
@@ -338,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     weights = bridge.group(kv, "weights", i + 1, n + 1, timeout, backend=backend)
     hello = batches.recv(bridge.LEARNER, "the learner's start message")
     first, last, k, learners = hello["first"], hello["last"], hello["k"], hello["learners"]
+    floor = hello.get("floor", 0)  # the oldest version the learner can publish (a resume's step)
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     if tokenizer.pad_token_id is None:
@@ -361,8 +379,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def receive() -> None:
         try:
-            for _ in versions_needed(first, last, k, cfg.rollout.partial):
+            for _ in versions_needed(first, last, k, cfg.rollout.partial, floor):
                 versions.put(*bridge.recv_weights(weights))
+            versions.finish()
         except BaseException as err:  # the main thread reports it
             versions.fail(err)
 
@@ -392,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     loaded = -1
 
     def switch(b: int) -> Callable[[], int] | None:
-        fresh = partial_version(b, k)
+        fresh = partial_version(b, k, floor)
         if fresh is None:
             return None
 
@@ -407,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         return load
 
     for b in range(first, last + 1):
-        v = behaviour_version(b, k)
+        v = behaviour_version(b, k, floor)
         t0 = time.perf_counter()
         tensors = versions.take(v)
         idle = time.perf_counter() - t0

@@ -53,7 +53,7 @@ from . import bridge, heartbeat
 from . import checkpoint as ckpt
 from .config import RunConfig
 from .data import DataError, ProblemSet, PromptStream, contamination, prepare_problems
-from .disaggregated import GeneratorPool, weights_header
+from .disaggregated import GeneratorPool, in_flight_to_continue, replan, weights_header
 from .engines import make_engine
 from .evaluation import ProblemResult, canonical_prediction, eval_line, summarize
 from .generator import Generator, empty_groups, seed_from
@@ -273,6 +273,7 @@ class Trainer:
             if not self.held
             else self.held[max(self.held)][-1]["stream"],
             max_model_len=self.context_len,
+            floor=self.step,  # no older version exists here (a resumed run's checkpoint step)
             log=self.log,
         )
         if self.rank == 0:
@@ -715,6 +716,7 @@ class Trainer:
         if self.pool is not None and self.rank == 0:
             held = self.pool.in_flight(self.step)
             state["in_flight"] = held
+            state["stream_at_step"] = state["stream"]  # before the held batches' prompts
             if held:
                 state["stream"] = held[max(held)][-1]["stream"]
         return state
@@ -732,14 +734,6 @@ class Trainer:
                 f"--resume: {path} was written with train.sharding={written} and this run has "
                 f"train.sharding={self.cfg.train.sharding}; resume it with train.sharding={written}"
             )
-        k = self.cfg.rollout.max_staleness
-        written_k = state.get("config", {}).get("rollout", {}).get("max_staleness", 0)
-        if written_k != k:
-            raise ckpt.ResumeError(
-                f"--resume: {path} was written with rollout.max_staleness={written_k} and this run has "
-                f"{k}: the batches in flight at a checkpoint belong to its k; resume it with "
-                f"rollout.max_staleness={written_k}"
-            )
         # a history belongs to its policy (checked here, before the model loads)
         mine = self.cfg.algo.prompt_selection.partition(":")[0]
         theirs = str(state.get("config", {}).get("algo", {}).get("prompt_selection", "none")).partition(":")[
@@ -752,23 +746,65 @@ class Trainer:
             )
         return path, state
 
+    def _continue_in_flight(self, path: Path, state: dict[str, Any], zero: dict[str, Any]) -> None:
+        """The batches a disaggregated checkpoint held (sampled for the steps after it): kept
+        where this run may train them, else dropped with the prompt stream put back where they
+        began, so that their prompts are drawn again (nothing skipped). Colocated runs generate
+        each batch with the current weights and keep none; a smaller k keeps those still within
+        it (:func:`scale.disaggregated.in_flight_to_continue`); another number of learner ranks
+        splits them again (:func:`scale.disaggregated.replan`)."""
+        held = {int(b): msgs for b, msgs in zero.get("in_flight", {}).items()}
+        if not held:
+            return
+        written = state.get("config", {}).get("rollout", {})
+        k = self.cfg.rollout.max_staleness if self.cfg.disaggregated else -1
+        kept, dropped = in_flight_to_continue(held, self.step, k) if k >= 0 else ({}, sorted(held))
+        if dropped:
+            if kept:
+                self.stream.load_state_dict(kept[max(kept)][-1]["stream"])
+            elif "stream_at_step" in zero:
+                self.stream.load_state_dict(zero["stream_at_step"])
+            else:
+                raise ckpt.ResumeError(
+                    f"--resume: {path} holds batches {sorted(held)} in flight but not the prompt "
+                    "stream's position before them (an older checkpoint); resume it with "
+                    f"rollout.mode={written.get('mode', 'disaggregated')} "
+                    f"rollout.max_staleness={written.get('max_staleness', 0)}"
+                )
+            if self.rank == 0:
+                why = (
+                    "rollout.mode=colocated generates each batch with the current weights"
+                    if k < 0
+                    else f"their tokens are older than rollout.max_staleness={k} allows"
+                )
+                self.log(
+                    f"{path}: batch(es) {dropped} held in flight are sampled again ({why}); "
+                    "their prompts are drawn again from the same place of the prompt stream"
+                )
+        if self.rank == 0:
+            for msgs in kept.values():
+                if len(msgs[0]["plan"]) != self.world:
+                    msgs[0]["plan"] = replan(msgs, self.world, self.cfg.algo.group_size)
+            self.held = kept  # the other ranks learn their count where the pool starts
+
     def _resume(self, path: Path, state: dict[str, Any]) -> None:
         self.learner.load(path)
         written = int(state["world_size"])
-        # the prompt stream is the same on every rank: rank 0's position serves any world size;
-        # the RNG streams are per rank and carry over only to the same world size
+        # the RNG streams are per rank and carry over only to the same world size; the prompt
+        # stream is the same on every rank, and rank 0's position (the one a disaggregated run
+        # advances) serves any world size
         mine = ckpt.load_tensors(path, f"rank{self.rank if written == self.world else 0}.pt")
         if written == self.world:
             ckpt.set_rng_state(mine["rng"])
-        self.stream.load_state_dict(mine["stream"])
+        zero = mine if self.rank == 0 or written != self.world else ckpt.load_tensors(path, "rank0.pt")
+        self.stream.load_state_dict(zero["stream"])
         self.step = int(state["step"])
+        self._continue_in_flight(path, state, zero)
         if self.selection is not None:  # its policy was checked by _resume_point
             if "selection" in mine:
                 self.selection.load_state_dict(mine["selection"])
             else:
                 self.log(f"{path} holds no prompt-selection history: algo.prompt_selection starts from none")
-        if self.cfg.disaggregated and self.rank == 0:
-            self.held = {int(b): msgs for b, msgs in mine.get("in_flight", {}).items()}
         self.totals = {k: float(v) for k, v in state["totals"].items()}
         moved = (
             f" (written by {written} processes, resharded onto {self.world})" if written != self.world else ""

@@ -35,6 +35,7 @@ def toy_results():
 # (spread over both workers they ran several times slower: 2 tests in 9 minutes, 2026-12-03).
 SLOW_FIRST = (
     "test_scale_trainer.py",
+    "test_disaggregated_resume.py",
     "test_check.py",
     "test_gpu_check.py",
     "test_health.py",

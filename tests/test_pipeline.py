@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dapo import RolloutBatch
 from dapo.pipeline import behaviour_version, simulate, staleness, versions_needed
 
 times = st.lists(st.floats(0.01, 10.0, allow_nan=False), min_size=1, max_size=40)
@@ -84,6 +85,7 @@ def test_learner_refuses_a_batch_older_than_k():
     import threading
 
     pool.k, pool.cond, pool.procs, pool.error = 2, threading.Condition(), [], None
+    pool.floor, pool.restored = 0, set()
     pool.received = {5: [_message(2, [2, 2, 2])]}
     parts, idle = pool.take(5)  # batch 5 is sampled by version 2
     assert len(parts) == 1 and idle >= 0
@@ -135,3 +137,103 @@ def test_generator_gpus_refuses_a_node_without_gpus():
 
     with pytest.raises(ValueError, match="no GPU"):
         generator_gpus(0, 1, 1)
+
+
+@given(st.integers(1, 300), st.integers(0, 12), st.integers(0, 300))
+def test_after_a_resume_no_batch_waits_for_a_version_older_than_the_checkpoint(step, k, floor):
+    """A resumed run holds no version older than its checkpoint's step (the floor): every
+    batch is sampled by a version that exists, is never staler than k (fresher where the floor
+    lifts it), the partial continuation never goes back and is the next batch's own version,
+    and from batch floor + k + 1 on the schedule is the uninterrupted one."""
+    from dapo.pipeline import partial_version
+
+    floor = min(floor, step - 1)
+    v = behaviour_version(step, k, floor)
+    assert floor <= v <= step - 1 and staleness(step, k, floor) <= k
+    if step >= floor + k + 1:
+        assert v == behaviour_version(step, k)
+    p = partial_version(step, k, floor)
+    if p is not None:
+        assert p == v + 1 == behaviour_version(step + 1, k, floor) and p <= step - 1
+    else:
+        assert k == 0 or v == floor
+    need = versions_needed(floor + 1, step, k, partial=True, floor=floor)
+    assert need.start == floor and {
+        behaviour_version(b, k, floor) for b in range(floor + 1, step + 1)
+    } <= set(need)
+    with pytest.raises(ValueError, match="floor"):
+        behaviour_version(step, k, step)  # version `step` does not exist before step `step` ends
+
+
+def _held(step, versions):
+    """A checkpoint's batches in flight after ``step``: batch step + 1 + i sampled by
+    versions[i] (one generator, one group of two tokens)."""
+    out = {}
+    for i, v in enumerate(versions):
+        msg = _message(v, [v, v])
+        msg["stream"] = {"position": i}
+        out[step + 1 + i] = [msg]
+    return out
+
+
+def test_a_smaller_k_keeps_the_held_batches_it_allows_and_samples_the_rest_again():
+    from scale.disaggregated import in_flight_to_continue
+
+    held = _held(4, [2, 3])  # after step 4 with k = 2: batch 5 by version 2, batch 6 by version 3
+    kept, dropped = in_flight_to_continue(held, 4, 2)
+    assert list(kept) == [5, 6] and dropped == []
+    kept, dropped = in_flight_to_continue(held, 4, 3)  # a larger k allows everything held
+    assert list(kept) == [5, 6] and dropped == []
+    kept, dropped = in_flight_to_continue(held, 4, 1)  # k = 1: batch 5 needs >= 3, batch 6 >= 4
+    assert kept == {} and dropped == [5, 6]
+    kept, dropped = in_flight_to_continue(_held(1, [0, 0]), 1, 1)  # early, clamped batches
+    assert list(kept) == [2] and dropped == [3]
+    kept, dropped = in_flight_to_continue(held, 4, 0)
+    assert kept == {} and dropped == [5, 6]
+    with pytest.raises(ValueError, match="not consecutive"):
+        in_flight_to_continue({6: held[6]}, 4, 2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.2, 0.9), st.integers(1, 4), st.integers(1, 5))
+def test_a_held_batch_split_again_for_another_learner_count_is_the_generators_own_plan(
+    seed, acceptance, written, learners
+):
+    """A batch planned for ``written`` learner ranks and resumed on ``learners``: the split
+    made again from the message equals the one its generator makes for that many ranks."""
+    import random
+
+    from dapo import AlgoConfig
+    from scale.disaggregated import replan
+    from scale.rollout import GlobalDynamicSampler, batch_state
+    from scale.topology import Comm, Ranks
+
+    g, t = 4, 6
+    rng = random.Random(seed)
+    algo = AlgoConfig(group_size=g, train_groups=6, mini_batch_groups=6, max_gen_rounds=4)
+    ranks = Ranks(0, 1)
+    sampler = GlobalDynamicSampler(algo, ranks, Comm(ranks), step=0)
+    while not sampler.done:
+        n = torch.tensor([1 + rng.randrange(t) for _ in range(8 * g)])
+        c = torch.tensor([rng.random() < acceptance for _ in range(8 * g)])
+        mask = torch.arange(t).unsqueeze(0) < n.unsqueeze(1)
+        logp = torch.where(mask, -torch.rand(len(n), t), torch.zeros(len(n), t))
+        sampler.add(
+            RolloutBatch(
+                old_logp=logp,
+                rollout_logp=logp.clone(),
+                mask=mask,
+                lengths=n,
+                truncated=n == t,
+                correct=c,
+                rewards=torch.where(c, 1.0, -1.0),
+                group_ids=torch.arange(8).repeat_interleave(g),
+                group_size=g,
+                extras={"prompt_len": torch.tensor([1 + rng.randrange(5) for _ in range(8 * g)])},
+            ),
+            "x",
+        )
+    keys, mine, plan = sampler.kept(written)
+    msg = {"keys": [list(x) for x in keys], "groups": batch_state(mine), "plan": plan}
+    want = sampler.kept(learners)[2]
+    assert replan([msg], learners, g) == [[list(x) for x in part] for part in want]

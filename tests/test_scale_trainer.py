@@ -523,13 +523,8 @@ def test_disaggregated_k2_generator_killed_then_resumed_equals_uninterrupted(tin
             {k: v for k, v in comparable(x).items() if not k.startswith(("sync/", "async/"))},
             {k: v for k, v in comparable(y).items() if not k.startswith(("sync/", "async/"))},
         )
-    # a checkpoint holds its k's batches in flight: another k cannot continue it
-    r = run_cli(
-        base
-        + overrides(tiny, cut, *DISAGG, "rollout.max_staleness=1", "train.steps=7")
-        + ["--resume", "auto"]
-    )
-    assert r.returncode == 2 and "rollout.max_staleness=2" in r.stderr and "Traceback" not in r.stderr
+    # resumes that change the schedule (another k, more steps, other generators or learners):
+    # tests/test_disaggregated_resume.py
 
 
 def test_two_learners_and_two_generators_equal_one_learner(tiny, tmp_path):
