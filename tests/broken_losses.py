@@ -166,6 +166,44 @@ def sum_not_mean(logp, old_logp, advantages, mask, *, eps_low, eps_high, **knobs
     return (pg * mask.to(pg.dtype)).sum()
 
 
+def double_normalised(logp, old_logp, advantages, mask, *, eps_low, eps_high, **knobs):
+    """The token mean divided by the token count a second time: the gradient-accumulation bug
+    TRL and transformers fixed in 2024 (the loss normalised by ``num_items_in_batch`` inside
+    the model and again by the trainer). Finite, padding-invariant, the right sign: it learns
+    about 1/|tokens| as fast, and a policy that barely moves keeps its entropy and its length
+    gap (the equal-learning gate must see it)."""
+    m = mask.to(logp.dtype)
+    pg = _surrogate(logp, old_logp, advantages, eps_low, eps_high)
+    return (pg * m).sum() / m.sum().clamp(min=1.0) / m.sum().clamp(min=1.0)
+
+
+def first_token_only(logp, old_logp, advantages, mask, *, eps_low, eps_high, **knobs):
+    """The sequence's log-prob taken from its first response token (a slicing bug when the
+    prompt/response boundary moves): every later token is detached, so its value is the right
+    loss and its gradient reaches only the first token of each response."""
+    held = torch.cat([logp[..., :1], logp[..., 1:].detach()], dim=-1)
+    return _masked_mean(_surrogate(held, old_logp, advantages, eps_low, eps_high), mask)
+
+
+def wrong_sign_kl(logp, old_logp, advantages, mask, *, eps_low, eps_high, **knobs):
+    """A KL penalty added with the wrong sign: ``pg - beta * kl`` where verl and TRL add
+    ``+ beta * kl`` (k1 estimator, ``logp - ref_logp``, verl's ``kl_penalty="kl"``, against the
+    rollout policy, beta = 0.1). It rewards moving away from the sampler by raising the sampled
+    tokens' log-probs: a sharpening term, the opposite of an entropy protection."""
+    pg = _surrogate(logp, old_logp, advantages, eps_low, eps_high)
+    return _masked_mean(pg - 0.1 * (logp - old_logp), mask)
+
+
+def near_frozen(logp, old_logp, advantages, mask, *, eps_low, eps_high, **knobs):
+    """Dr. GRPO's constant normaliser set for another regime: each response's token sum divided
+    by a 16,384-token budget on the toy's ~10-token responses, so every step is ~1,000 times
+    too small (a near-frozen policy that keeps its entropy by standing still)."""
+    m = mask.to(logp.dtype)
+    pg = _surrogate(logp, old_logp, advantages, eps_low, eps_high)
+    rows = (pg * m).sum(-1) / 16384.0
+    return rows.sum() / (m.sum(-1) > 0).sum().clamp(min=1)
+
+
 EPS = ("eps_low", "eps_high")
 for _fn in (
     inverted_ratio,
@@ -178,6 +216,10 @@ for _fn in (
     advantage_batch_mean,
     swapped_bounds,
     ratio_to_detached_self,
+    double_normalised,
+    first_token_only,
+    wrong_sign_kl,
+    near_frozen,
 ):
     _fn.dapo_knobs = EPS  # type: ignore[attr-defined]  # they take no agg and no dual clip
 sum_not_mean.dapo_knobs = (*EPS, "loss_agg")  # type: ignore[attr-defined]
@@ -197,11 +239,16 @@ BROKEN: dict[str, str] = {
     "mask_shifted": "contract (padding)",
     "optimistic_bound": "claims to protect against entropy_collapse but harms",
     "min_before_advantage": "ignores eps_low",
-    "advantage_batch_mean": "does not learn on entropy_collapse's task",
+    "advantage_batch_mean": "cannot judge protection on entropy_collapse's task: learns too little",
     "dual_clip_everywhere": "contract (dual_clip)",
     "swapped_bounds": "claims to protect against entropy_collapse but harms",
     "ratio_to_detached_self": "ignores eps_low",
     "sum_not_mean": "ignores loss_agg",
+    # issue 46: they passed by learning almost nothing (or, the KL, on lucky seeds)
+    "double_normalised": "cannot judge protection on entropy_collapse's task: learns too little",
+    "first_token_only": "cannot judge protection on entropy_collapse's task: learns too little",
+    "near_frozen": "cannot judge protection on entropy_collapse's task: learns too little",
+    "wrong_sign_kl": "claims to protect against entropy_collapse",
 }
 """Losses the check runs and fails (exit 1)."""
 

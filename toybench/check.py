@@ -12,41 +12,55 @@ three kinds of arm on the same seeds (paired), on the batched toy engine:
   ``--set`` overrides). Sampling and reward knobs stay unprotected: a loss is judged on
   what the loss does.
 
-Before any verdict, the **learning gate**: in each failure mode's task the candidate's
-expected accuracy must rise above a no-update control (its own step-0 policy, paired by
-seed) on both seed blocks, and at most :data:`MAX_SKIPPED_SHARE` of its optimizer steps may
-be skipped for a non-finite loss; a loss that fails it gets ``does not learn`` and no
-protection verdict or share (a policy that learns nothing, or un-learns, moves some
-contrasts too). A **contract probe** (:func:`toybench.losses.probe_contract`) checks
-finiteness on empty rows and fully masked micro-batches, invariance to padding and the
-gradient's sign.
+Before any verdict, the **learning gate**, against DAPO's own loss: in each failure mode's
+task the candidate's expected-accuracy gain over the run (last 10 steps minus step 0; a run
+without updates keeps its step-0 policy, so this is the gain over a no-update control of the
+same seed) must be at least :data:`LEARNING_MARGIN` of the gain of DAPO's loss run in the same
+conditions, on the same seeds (the fix arm where the fix is a loss property, else the
+unprotected arm, which runs DAPO's loss without the sampling or reward fix): the interval of
+``candidate - margin x DAPO`` must lie above 0 on both seed blocks. At most
+:data:`MAX_SKIPPED_SHARE` of its optimizer steps may be skipped for a non-finite loss. A loss
+that fails gets ``cannot judge: learns too little`` and no protection verdict or share: a
+policy that hardly moves keeps its entropy and its length gap by standing still. A **contract
+probe** (:func:`toybench.losses.probe_contract`) checks finiteness on empty rows and fully
+masked micro-batches, invariance to padding and the gradient's sign.
+
+**At equal learning.** Where DAPO's fix is a property of the loss (entropy collapse, length
+bias), each arm's curve (entropy; the wrong path's length minus the right one's) is read
+where every compared arm has learned the same amount (:mod:`toybench.matched`: from the step
+each reaches 90% of the accuracy gain all of them reach on that seed, over the same number of
+steps), paired by seed. Where the fix is sampling or reward shaping (zero gradient,
+truncation noise), the summary is itself a measure of learning (steps to 80% accuracy, mean
+accuracy) and is read at equal steps.
 
 Per failure mode and loss it then reports **protects** (the paired difference candidate -
-unprotected in the experiment's primary summary, in the direction of the fix, with its
-bootstrap interval; a verdict must hold on the discovery and the confirmation seed
-block) and **vs DAPO's fix** (candidate - fix: ``as fix`` when the interval lies within
-+-25% of the fix's own effect, ``better``/``weaker`` when it excludes zero, else
+unprotected, in the direction of the fix, with its bootstrap interval; a verdict must hold on
+the discovery and the confirmation seed block, else it is ``differs between seed blocks``,
+which fails a claim) and **vs DAPO's fix** (candidate - fix: ``as fix`` when the interval lies
+within +-25% of the fix's own effect, ``better``/``weaker`` when it excludes zero, else
 ``inconclusive``); an interval within :data:`NOISE` of the metric's scale is no effect. A
 knob probe (:func:`toybench.losses.probe_knobs`) names each knob the loss says it acts on
-but ignores. A loss fails the check when it breaks its contract, does not learn, skips
+but ignores. A loss fails the check when it breaks its contract, learns too little, skips
 steps, does not protect against a failure mode it claims, or ignores a knob it honours.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dapo.offpolicy import correction_fields
 
+from .check_words import DOES_NOT_LEARN, FRAGILE, LEARNING_MARGIN, PROTECTS, legend
 from .experiment import Arm, Contrast, Experiment, ExperimentResult, Log, Summary, final, run_experiments
 from .losses import (
     FAILURE_MODES,
     KNOBS,
     Loss,
     LossSpecError,
+    knob_readings,
     knob_values,
     probe_contract,
     probe_knobs,
@@ -54,7 +68,8 @@ from .losses import (
     resolve,
     uses_weights,
 )
-from .stats import Interval
+from .matched import read_matched
+from .stats import Interval, paired_interval
 
 EQUIVALENCE_MARGIN = 0.25
 """``as fix`` needs the candidate - fix interval inside +-this fraction of the fix's effect."""
@@ -74,8 +89,6 @@ from, and they bias every summary (a run that skips looks as if it learned less,
 LEARNING_METRIC = "toy/expected_accuracy"
 """The learning gate's metric: the policy's exact expected accuracy (no sampling noise)."""
 
-DOES_NOT_LEARN = "does not learn"
-
 
 @dataclass(frozen=True)
 class FailureMode:
@@ -92,6 +105,15 @@ class FailureMode:
     """``+`` or ``-``: the direction in which the fix moves ``summary``."""
     loss_can_act: bool
     """Whether DAPO's fix for it is a loss property (else sampling or reward shaping)."""
+    curve: Callable[[dict[str, Any]], float] | None = None
+    """The per-step value ``summary`` reads, for modes judged at equal learning
+    (:mod:`toybench.matched`); None: judged at equal steps (the summary measures learning)."""
+
+    @property
+    def reference(self) -> str:
+        """The arm that runs DAPO's own loss in the candidate's conditions (the learning gate's
+        reference): the fix where it is a loss property, else the unprotected arm."""
+        return self.fix if self.loss_can_act else self.unprotected
 
 
 MODES: dict[str, FailureMode] = {
@@ -104,6 +126,7 @@ MODES: dict[str, FailureMode] = {
         "entropy_final",
         "+",
         True,
+        lambda m: m["actor/entropy"],
     ),
     "zero_gradient": FailureMode(
         "zero_gradient",
@@ -124,6 +147,7 @@ MODES: dict[str, FailureMode] = {
         "length_gap",
         "-",
         True,
+        lambda m: m["toy/length_worst_path"] - m["toy/length_best_path"],
     ),
     "truncation_noise": FailureMode(
         "truncation_noise",
@@ -138,20 +162,21 @@ MODES: dict[str, FailureMode] = {
 }
 assert tuple(MODES) == FAILURE_MODES
 
-PROTECTS = "protects"
-FRAGILE = "fragile"
-
 
 @dataclass
 class Learning:
-    """The learning gate in one failure mode's task: the candidate's expected accuracy over
-    the run (last 10 steps minus step 0, paired by seed). A run that never updates keeps
-    its step-0 policy, so step 0 *is* the no-update control of the same seed, exactly."""
+    """The learning gate in one failure mode's task: the candidate's expected-accuracy gain
+    over the run (last 10 steps minus step 0, the gain over a no-update control of the same
+    seed) against :data:`LEARNING_MARGIN` x the gain of DAPO's loss on the same seeds."""
 
     gain: dict[str, Interval]
-    """Per seed block: final expected accuracy - the no-update control's."""
+    """Per seed block: the candidate's gain."""
+    reference: dict[str, Interval]
+    """Per seed block: the gain of DAPO's loss in the same conditions (:attr:`FailureMode.reference`)."""
+    margin: dict[str, Interval]
+    """Per seed block: candidate gain - :data:`LEARNING_MARGIN` x DAPO's, paired by seed."""
     learns: bool
-    """The gain excludes 0 upwards, beyond :data:`NOISE`, on every block."""
+    """The margin's interval lies above 0, beyond :data:`NOISE`, on every block."""
     skipped: int
     """Optimizer steps skipped for a non-finite loss or gradient, over every seed."""
     steps: int
@@ -171,10 +196,10 @@ class Learning:
 class ModeResult:
     mode: str
     protection: str
-    """``protects``, ``no effect``, ``harms``, ``fragile`` (the seed blocks disagree) or
-    ``does not learn`` (the learning gate failed: no protection verdict)."""
+    """A word of :data:`VERDICTS`: ``protects``, ``no effect``, ``harms``, ``differs between
+    seed blocks`` or ``cannot judge: learns too little`` (no protection verdict)."""
     vs_fix: str
-    """``as fix``, ``better``, ``weaker``, ``inconclusive``, ``fragile`` or ``n/a``."""
+    """``as fix``, ``better``, ``weaker``, ``inconclusive``, ``differs between seed blocks`` or ``n/a``."""
     effect: dict[str, Interval]
     """Per seed block: candidate - unprotected."""
     gap: dict[str, Interval]
@@ -184,8 +209,12 @@ class ModeResult:
     claimed: bool
     learning: Learning
     values: dict[str, float] = field(default_factory=dict)
-    """The summary's mean over every seed for ``unprotected``, ``fix`` and ``candidate``
+    """The reading's mean over every seed for ``unprotected``, ``fix`` and ``candidate``
     (the absolute levels behind the paired differences)."""
+    matched: bool = False
+    """Read at equal learning (:mod:`toybench.matched`), not at equal steps."""
+    blocks: dict[str, str] = field(default_factory=dict)
+    """Per seed block: its own protection verdict (they differ where ``protection`` says so)."""
 
     @property
     def recovered(self) -> float:
@@ -215,6 +244,9 @@ class LossResult:
     contract: dict[str, str] = field(default_factory=dict)
     """Clause of :data:`toybench.losses.CONTRACT` -> what the loss does wrong."""
     modes: dict[str, ModeResult] = field(default_factory=dict)
+    claims_from: str = "its declaration"
+    """Where :attr:`claims` come from: ``--claims``, the loss's declaration, or DAPO's claims
+    (the default for a user function that declares none)."""
 
     @property
     def ignored(self) -> list[str]:
@@ -228,14 +260,15 @@ class LossResult:
     @property
     def failures(self) -> list[str]:
         out = [f"contract ({clause}): {text}" for clause, text in self.contract.items()]
-        out += [probe_line(k) for k in self.ignored]
+        out += [probe_line(k, knob_readings(self.loss, k, self.knobs)) for k in self.ignored]
         for m in self.modes.values():
             lg = m.learning
             if not lg.learns:
-                block, iv = min(lg.gain.items(), key=lambda kv: kv[1].low if kv[1].n else -math.inf)
+                block, _ = min(lg.margin.items(), key=lambda kv: kv[1].low if kv[1].n else -math.inf)
                 out.append(
-                    f"{DOES_NOT_LEARN} on {m.mode}'s task: expected accuracy {_fmt_gain(iv)} over the run "
-                    f"against no update ({block} seeds)"
+                    f"cannot judge protection on {m.mode}'s task: learns too little (expected accuracy "
+                    f"gain {_fmt_gain(lg.gain[block])} against DAPO's {_fmt_iv(lg.reference[block])} on "
+                    f"the same {block} seeds; the gate asks at least {LEARNING_MARGIN:.0%} of it)"
                 )
             if lg.skips:
                 out.append(
@@ -243,7 +276,11 @@ class LossResult:
                     "runs: the loss or its gradient is not finite there"
                 )
             if m.failed and lg.learns:
-                out.append(f"claims to protect against {m.mode} but {m.protection}")
+                out.append(
+                    f"claims to protect against {m.mode} but {m.protection}"
+                    + (f" ({_block_verdicts(m)})" if m.protection == FRAGILE else "")
+                    + f" (claims: {self.claims_from})"
+                )
         return out
 
     @property
@@ -255,7 +292,7 @@ class LossResult:
         if self.ignored:
             out.append("ignores " + ", ".join(self.ignored))
         for label, names in (
-            (DOES_NOT_LEARN, [m.mode for m in self.modes.values() if not m.learning.learns]),
+            ("learns too little", [m.mode for m in self.modes.values() if not m.learning.learns]),
             ("skips steps", [m.mode for m in self.modes.values() if m.learning.skips]),
             (
                 "does not protect",
@@ -280,6 +317,7 @@ class LossResult:
             "knobs": self.knobs,
             "params": self.loss.params,
             "claims": list(self.claims),
+            "claims_from": self.claims_from,
             "honours": list(self.loss.honours),
             "knob_probe": self.probe,
             "ignored_knobs": self.ignored,
@@ -293,6 +331,9 @@ class LossResult:
                     "claimed": m.claimed,
                     "learns": m.learning.learns,
                     "accuracy_gain": {b: iv(i) for b, i in m.learning.gain.items()},
+                    "dapo_accuracy_gain": {b: iv(i) for b, i in m.learning.reference.items()},
+                    "learning_margin": {b: iv(i) for b, i in m.learning.margin.items()},
+                    "at_equal_learning": m.matched,
                     "skipped_steps": m.learning.skipped,
                     "values": m.values,
                     "optimizer_steps": m.learning.steps,
@@ -374,8 +415,9 @@ def derived_experiment(
     mode: FailureMode, losses: Sequence[Loss], overrides: dict[str, Any], off_policy: OffPolicy = OffPolicy()
 ) -> Experiment:
     """The mode's experiment cut to its unprotected and fix arms plus one candidate per loss,
-    with the learning gate (candidate's accuracy gain against no update) as contrasts;
-    every arm off-policy as ``off_policy`` says."""
+    with the learning gate's summary (accuracy gain against no update); every arm off-policy
+    as ``off_policy`` says. Contrasts only where the mode is read at equal steps: the learning
+    gate and the equal-learning readings pair arms themselves (:func:`_judge`)."""
     from .experiments import REGISTRY
 
     exp = REGISTRY[mode.experiment]
@@ -388,11 +430,12 @@ def derived_experiment(
         mode.summary: exp.summaries[mode.summary],
         LEARNED: Summary(_accuracy_gain, "expected accuracy, last 10 steps minus step 0 (= no update)"),
     }
-    contrasts = [Contrast("fix", mode.unprotected, mode.fix, mode.summary, "?")]
-    for i in range(len(losses)):
-        contrasts.append(Contrast(f"effect {i}", mode.unprotected, _arm_name(i), mode.summary, "?"))
-        contrasts.append(Contrast(f"gap {i}", mode.fix, _arm_name(i), mode.summary, "?"))
-        contrasts.append(Contrast(f"learns {i}", None, _arm_name(i), LEARNED, "+"))
+    contrasts = []
+    if mode.curve is None:
+        contrasts.append(Contrast("fix", mode.unprotected, mode.fix, mode.summary, "?"))
+        for i in range(len(losses)):
+            contrasts.append(Contrast(f"effect {i}", mode.unprotected, _arm_name(i), mode.summary, "?"))
+            contrasts.append(Contrast(f"gap {i}", mode.fix, _arm_name(i), mode.summary, "?"))
     return replace(exp, arms=arms, summaries=summaries, contrasts=tuple(contrasts))
 
 
@@ -429,6 +472,12 @@ def check(
     results = []
     for loss in losses:  # the probes run first: a loss they refuse never starts an experiment
         chosen_claims = tuple(loss.claims if claims is None else claims)
+        if claims is not None:
+            source = "--claims"
+        elif loss.source.startswith("user function"):
+            source = "DAPO's claims, the default for a loss that declares none; choose with --claims"
+        else:
+            source = "its declaration; choose with --claims"
         results.append(
             LossResult(
                 loss,
@@ -436,6 +485,7 @@ def check(
                 chosen_claims,
                 probe_knobs(loss, overrides),
                 probe_contract(loss, overrides),
+                claims_from=source,
             )
         )
     if correction_fields(off_policy.correction)["tis_cap"] is not None:
@@ -472,35 +522,77 @@ def _skipped(logs: dict[int, Log]) -> tuple[int, int]:
     return int(skipped), int(skipped + taken)
 
 
+def _block_verdicts(m: ModeResult) -> str:
+    return ", ".join(f"{b}: {v}" for b, v in m.blocks.items())
+
+
+def _per_seed(res: ExperimentResult, summary: str, arm: str) -> dict[int, float]:
+    return dict(zip(res.seeds, res.summaries[summary][arm]))
+
+
+def _intervals(res: ExperimentResult, diffs: dict[int, float]) -> dict[str, Interval]:
+    return {b: paired_interval([diffs[s] for s in seeds]) for b, seeds in res.blocks.items()}
+
+
 def _judge(mode: FailureMode, res: ExperimentResult, results: list[LossResult]) -> None:
-    by_name = {c.contrast.name: c for c in res.contrasts}
-    fix = by_name["fix"]
-    fix_eff = {b: r.interval for b, r in fix.blocks.items()}
-    tol = NOISE * _scale(res, mode.summary)
+    u, f = mode.unprotected, mode.fix
+    ref_gain = _per_seed(res, LEARNED, mode.reference)
+    ref_interval = _intervals(res, ref_gain)
+    if mode.curve is None:  # the summary measures learning itself: read at equal steps
+        by_name = {c.contrast.name: c for c in res.contrasts}
+        fix_eff = {b: r.interval for b, r in by_name["fix"].blocks.items()}
     tol_learned = NOISE * _scale(res, LEARNED)
     for i, r in enumerate(results):
-        eff = {b: x.interval for b, x in by_name[f"effect {i}"].blocks.items()}
-        gap = {b: x.interval for b, x in by_name[f"gap {i}"].blocks.items()}
-        gain = {b: x.interval for b, x in by_name[f"learns {i}"].blocks.items()}
+        c = _arm_name(i)
+        cand_gain = _per_seed(res, LEARNED, c)
+        gain = _intervals(res, cand_gain)
+        margin = _intervals(res, {s: cand_gain[s] - LEARNING_MARGIN * ref_gain[s] for s in res.seeds})
         learning = Learning(
-            gain, all(_learned(iv, tol_learned) for iv in gain.values()), *_skipped(res.logs[_arm_name(i)])
+            gain,
+            ref_interval,
+            margin,
+            all(_learned(iv, tol_learned) for iv in margin.values()),
+            *_skipped(res.logs[c]),
         )
+        if mode.curve is None:
+            eff = {b: x.interval for b, x in by_name[f"effect {i}"].blocks.items()}
+            gap = {b: x.interval for b, x in by_name[f"gap {i}"].blocks.items()}
+            per_arm = res.summaries[mode.summary]
+            values = {
+                role: _mean(per_arm[arm]) for role, arm in (("unprotected", u), ("fix", f), ("candidate", c))
+            }
+            tol = NOISE * _scale(res, mode.summary)
+        else:  # read where the three arms have learned the same amount, paired by seed
+            read = {s: read_matched({x: res.logs[x][s] for x in (u, f, c)}, mode.curve) for s in res.seeds}
+            eff = _intervals(res, {s: v[c] - v[u] for s, v in read.items()})
+            gap = _intervals(res, {s: v[c] - v[f] for s, v in read.items()})
+            fix_eff = _intervals(res, {s: v[f] - v[u] for s, v in read.items()})
+            values = {
+                role: _mean([v[arm] for v in read.values()])
+                for role, arm in (("unprotected", u), ("fix", f), ("candidate", c))
+            }
+            tol = NOISE * max(
+                (abs(x) for v in read.values() for x in v.values() if math.isfinite(x)), default=0.0
+            )
+        blocks: dict[str, str] = {}
         if learning.learns:
-            protection = _combine([_protection(iv, mode.better, tol) for iv in eff.values()])
+            blocks = {b: _protection(iv, mode.better, tol) for b, iv in eff.items()}
+            protection = _combine(list(blocks.values()))
             vs_fix = _combine([_vs_fix(gap[b], fix_eff[b], mode.better, tol) for b in gap])
         else:
             protection, vs_fix = DOES_NOT_LEARN, "n/a"
-        per_arm = res.summaries[mode.summary]
-        values = {
-            role: _mean(per_arm[arm])
-            for role, arm in (
-                ("unprotected", mode.unprotected),
-                ("fix", mode.fix),
-                ("candidate", _arm_name(i)),
-            )
-        }
         r.modes[mode.name] = ModeResult(
-            mode.name, protection, vs_fix, eff, gap, fix_eff, mode.name in r.claims, learning, values
+            mode.name,
+            protection,
+            vs_fix,
+            eff,
+            gap,
+            dict(fix_eff),
+            mode.name in r.claims,
+            learning,
+            values,
+            matched=mode.curve is not None,
+            blocks=blocks,
         )
 
 
@@ -558,10 +650,22 @@ def _fmt_gain(iv: Interval) -> str:
 
 def _learns_cell(m: ModeResult) -> str:
     lg = m.learning
-    cell = ("yes " if lg.learns else "**NO** ") + _fmt_gain(lg.gain["discovery"])
+    mine, dapo = lg.gain["discovery"], lg.reference["discovery"]
+    cell = ("yes " if lg.learns else "**NO** ") + _fmt_gain(mine)
+    if dapo.n and dapo.mean and math.isfinite(dapo.mean):
+        cell += f" ({mine.mean / dapo.mean:.2f}x DAPO's)"
     if lg.skipped:
         cell += f", {lg.skipped_share:.0%} of steps skipped"
     return cell
+
+
+def _share_cell(m: ModeResult) -> str:
+    """The share of the fix, only where it means something."""
+    if not m.learning.learns:
+        return "n/a (learns too little)"
+    if m.protection == FRAGILE:
+        return f"{_share(m.recovered)} (blocks differ)"
+    return _share(m.recovered)
 
 
 def _share(value: float) -> str:
@@ -572,27 +676,34 @@ def format_table(results: Sequence[LossResult]) -> str:
     """A markdown table: one row per loss and failure mode (learning gate first), and the
     knob and contract probes."""
     lines = [
-        "| loss | failure mode (DAPO's fix) | claimed | learns (accuracy vs no update) | protects "
+        "| loss | failure mode (DAPO's fix) | claimed | learns (accuracy gain vs DAPO's) | protects "
         "| candidate - unprotected (discovery) | vs DAPO's fix | share of fix |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         for name, m in r.modes.items():
             mode = MODES[name]
-            dagger = "" if mode.loss_can_act else " †"
+            dagger = "" if m.matched else " †"
+            read = f"{mode.summary.removesuffix('_final')} at equal learning" if m.matched else mode.summary
             fail = m.failed or not m.learning.learns
             lines.append(
-                f"| `{r.loss.spec}` | {name}{dagger} ({mode.fix_name}, {mode.summary} {mode.better}) "
+                f"| `{r.loss.spec}` | {name}{dagger} ({mode.fix_name}, {read} {mode.better}) "
                 f"| {'yes' if m.claimed else ''} | {_learns_cell(m)} | {m.protection}{' **FAIL**' if fail else ''} "
-                f"| {_fmt_iv(m.effect['discovery'])} | {m.vs_fix} | {_share(m.recovered)} |"
+                f"| {_fmt_iv(m.effect['discovery'])} | {m.vs_fix} | {_share_cell(m)} |"
             )
     if any(not MODES[n].loss_can_act for r in results for n in r.modes):
         lines.append("")
         lines.append(
             "† DAPO's fix here is not a property of the loss (sampling, reward shaping): a candidate "
             "that differs from the unprotected arm does so by learning faster or slower, not by "
-            "removing the failure mode."
+            "removing the failure mode; read at equal steps. *Equal learning*: each arm read from "
+            "the step it reaches 90% of the accuracy gain all three reach on that seed, over the same "
+            f"number of steps (toybench.matched). *learns*: at least {LEARNING_MARGIN:.0%} of DAPO's "
+            "accuracy gain on the same seeds, on both blocks."
         )
+    lines.append("")
+    lines.append("Verdicts:")
+    lines.append(legend())
     lines.append("")
     lines.append(
         "| loss | knobs it takes, as run | acts on eps_low / eps_high / clip_ratio_c / loss_agg "

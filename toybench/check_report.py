@@ -8,7 +8,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .check import DOES_NOT_LEARN, MAX_SKIPPED_SHARE, MODES, LossResult, format_table
+from .check import (
+    DOES_NOT_LEARN,
+    FRAGILE,
+    LEARNING_MARGIN,
+    MAX_SKIPPED_SHARE,
+    MODES,
+    LossResult,
+    format_table,
+)
 from .plots import plotting_available
 
 HEATMAP = "heatmap.png"
@@ -66,8 +74,8 @@ def _mark(protection: str) -> str:
     return {
         "protects": "protects",
         "harms": "harms",
-        "fragile": "fragile",
-        DOES_NOT_LEARN: "no learning",
+        FRAGILE: "blocks differ",
+        DOES_NOT_LEARN: "learns too little",
     }.get(protection, "")
 
 
@@ -87,18 +95,26 @@ def write_report(results: list[LossResult], payload: dict[str, Any], out: Path) 
         f"{payload['seeds_per_block']} paired seeds per block, discovery and confirmation).\n\n"
         "Each candidate runs the experiment's *unprotected* arm with its policy loss swapped in and "
         "the clip/aggregation knobs set to the loss's own recipe; sampling and reward stay unprotected. "
-        "*learns*: the learning gate, judged first: the candidate's exact expected accuracy, last 10 "
+        "*learns*: the learning gate, judged first: the candidate's exact expected-accuracy gain, last 10 "
         "steps minus step 0 (a run without updates keeps its step-0 policy, so this is the gain over a "
-        "no-update control of the same seed), must exclude 0 upwards on both seed blocks, with at most "
+        f"no-update control of the same seed), must be at least {LEARNING_MARGIN:.0%} of the gain of "
+        "DAPO's own loss in the same conditions on the same seeds (the interval of candidate - "
+        f"{LEARNING_MARGIN:g} x DAPO above 0 on both seed blocks), with at most "
         f"{MAX_SKIPPED_SHARE:.0%} of its optimizer steps skipped for a non-finite loss; a loss that fails "
-        "it gets *does not learn* and no protection verdict or share (a policy that learns nothing, or "
-        "un-learns, moves some contrasts too). *contract*: finite on empty rows and on a micro-batch with "
-        "no loss token, unchanged by padding, a positive advantage raises its token's log-prob, a dual "
-        "clip that leaves positive advantages alone (`toybench.losses.probe_contract`). "
+        "it gets *cannot judge: learns too little* and no protection verdict or share (a policy that "
+        "hardly moves keeps its entropy and its length gap by standing still). *contract*: finite on "
+        "empty rows and on a micro-batch with no loss token, unchanged by padding, a positive advantage "
+        "raises its token's log-prob, a dual clip that leaves positive advantages alone "
+        "(`toybench.losses.probe_contract`). *Equal learning* (entropy collapse, length bias: DAPO's fix "
+        "there is a loss property): each arm's entropy, or its wrong path's length minus the right "
+        "one's, is read from the step it reaches 90% of the accuracy gain all three compared arms reach "
+        "on that seed, over the same number of steps (`toybench.matched`). The two † modes (fixed by "
+        "sampling or reward) are read at equal steps: their summaries measure learning itself. "
         "*protects*: candidate - unprotected excludes 0 in the direction of DAPO's fix on both seed "
-        "blocks. *vs DAPO's fix*: candidate - fix inside +-25% of the fix's effect (`as fix`), or "
-        "excluding 0 (`better`/`weaker`). *share of fix*: mean (candidate - unprotected) / "
-        "(fix - unprotected). An interval within 1e-9 of the metric's scale is *no effect*. "
+        "blocks (*differs between seed blocks* fails a claim). *vs DAPO's fix*: candidate - fix inside "
+        "+-25% of the fix's effect (`as fix`), or excluding 0 (`better`/`weaker`). *share of fix*: mean "
+        "(candidate - unprotected) / (fix - unprotected), only where the candidate passed the learning "
+        "gate. An interval within 1e-9 of the metric's scale is *no effect*. "
         "Failure modes (fix; summary; arms): "
         f"{modes}.\n\n"
         f"{figure}"

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from dapo.cliargs import Int, OutDir, OutFile, Parser, Text, UsageError
 
+from .check_words import VERDICTS
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="dapo toy", description="Toy regime: DAPO's failure modes on a CPU.")
@@ -74,9 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="does a policy loss protect against each failure mode? (this project's, verl's, TRL's or yours)",
         description="Probe a policy loss's contract and knobs, check that it learns on each failure mode's "
         "task, then whether it protects against each failure mode (paired seeds, two blocks).",
-        epilog="exit status: 0 every loss passes; 1 a loss fails (broken contract, ignored knob, does not "
-        "learn, skipped steps, or an unprotected claimed failure mode); 2 bad input (a spec, option or "
-        "loss that cannot be run: import error, wrong signature, raises, no gradient).",
+        epilog="exit status: 0 every loss passes; 1 a loss fails (broken contract, ignored knob, learns "
+        "less than half of DAPO's accuracy gain, skipped steps, or an unprotected claimed failure mode); "
+        "2 bad input (a spec, option or loss that cannot be run: import error, wrong signature, raises, "
+        "no gradient). Claims: a built-in's own, DAPO's (entropy_collapse, length_bias) for a user "
+        "function, or --claims. Verdicts: "
+        + "; ".join(f"{word}: {text}" for word, text in VERDICTS.items())
+        + ".",
     )
     c.add_argument(
         "loss",

@@ -429,13 +429,22 @@ def uses_weights(loss: Loss, knobs: dict[str, Any] | None = None) -> bool:
     return not _same(a, b)
 
 
-def probe_line(knob: str) -> str:
-    """The failure line for a knob the loss honours but ignores, naming the probed values."""
+def probe_line(knob: str, readings: tuple[float, float] | None = None) -> str:
+    """The failure line for a knob the loss honours but ignores: the probed values and what
+    the loss read at each (:func:`knob_readings`)."""
     v1, v2 = PROBE_VALUES[knob]
+    seen = f" (loss {readings[0]:.6g} at both)" if readings is not None else ""
     return (
-        f"ignores {knob} ({knob}={v1!r} and {knob}={v2!r} give the same value and gradient; "
-        f"if it is not meant to, declare the knobs it honours: --knobs or {KNOBS_ATTRIBUTE})"
+        f"ignores {knob}: {knob}={v1!r} and {knob}={v2!r} give the same value{seen} and gradient on the "
+        f"probe batch, where DAPO's loss changes with {knob}; the loss says it honours {knob}"
     )
+
+
+def knob_readings(loss: Loss, knob: str, knobs: dict[str, Any] | None = None) -> tuple[float, float]:
+    """The loss's value on the probe batch at the two values of ``knob`` (:data:`PROBE_VALUES`)."""
+    knobs = knob_values(loss, knobs)
+    v1, v2 = PROBE_VALUES[knob]
+    return _call(loss, {**knobs, knob: v1})[0], _call(loss, {**knobs, knob: v2})[0]
 
 
 def _with_empty_rows(batch: Batch, rows: tuple[int, ...]) -> Batch:
@@ -521,9 +530,16 @@ def probe_contract(loss: Loss, knobs: dict[str, Any] | None = None) -> dict[str,
                 "the dual clip must act on negative advantages only"
             )
     for advantage, want in ((1.0, -1.0), (-1.0, 1.0)):
-        _, grad = _call(loss, knobs, _one_token(advantage))
+        value, grad = _call(loss, knobs, _one_token(advantage))
         g = float(grad.sum())
-        if math.isfinite(g) and g * want > 0:
+        if not (math.isfinite(g) and math.isfinite(value)):  # not a sign: say what it is
+            out.setdefault(
+                "finite",
+                f"not finite on one token at ratio 1 with advantage {advantage:+g} "
+                f"(loss {value:.3g}, d loss / d logp = {g:.3g})",
+            )
+            break
+        if g * want > 0:
             continue
         line = f"on one token at ratio 1 with advantage {advantage:+g}, d loss / d logp = {g:+.3g}"
         if math.isfinite(g):
