@@ -123,7 +123,8 @@ def tests(session: nox.Session) -> None:
     # (their waits for vLLM and for the heartbeat leave cores idle that pytest fills)
     beside = _scale_cpu_beside(session) if "--with-scale-cpu" in session.posargs else None
     try:
-        session.run("pytest", "-q", *workers, *args, env=env)
+        # --durations: where CI's minutes go, in every log (issue 45's budget)
+        session.run("pytest", "-q", "--durations=30", *workers, *args, env=env)
     except BaseException:
         if beside is not None:
             beside.stop()

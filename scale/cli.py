@@ -398,6 +398,22 @@ def _check_model(spec: str) -> None:
         raise UsageError(f"--model: no such model directory: {spec!r} (nor a hub id like Qwen/Qwen2.5-32B)")
 
 
+def _context_limit(model: str) -> int | None:
+    """The model's own context length (``max_position_embeddings`` of its config.json; None when
+    it does not say, or the config is not local and cannot be read)."""
+    path = Path(model) / "config.json"
+    try:
+        if path.is_file():
+            value = json.loads(path.read_text()).get("max_position_embeddings")
+        else:
+            from transformers import AutoConfig
+
+            value = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+    except (OSError, ValueError):
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
 def _generate(args: argparse.Namespace, tok: Any, prompts: list[list[int]]) -> list[list[Any]]:
     """``args.k`` samples per prompt from the chosen engine, with a progress bar."""
     import torch
@@ -481,10 +497,22 @@ def eval_main(argv: list[str] | None = None) -> int:
         raise UsageError(f"--chat-template: {err.reason}") from None
     except (DataError, FileNotFoundError) as err:
         raise UsageError(f"--data: {err}") from None
-    print(f"dapo eval: {data.summary()}", file=sys.stderr)  # duplicated rows would count k times over
+    summary_line = f"dapo eval: {data.summary()}"  # duplicated rows would count k times over
     data = data.head(args.limit)
     problems = data.problems
     prompts = data.prompt_ids  # prepared with a tokenizer: the ids of each problem's prompt
+    limit = _context_limit(args.model)
+    longest = max(map(len, prompts), default=0)
+    if limit is not None and longest + args.max_new_tokens > limit:
+        raise UsageError(
+            f"--max-new-tokens {args.max_new_tokens}: the longest prompt ({longest} tokens) plus "
+            f"{args.max_new_tokens} new tokens exceeds the model's context of {limit} tokens "
+            f"(max_position_embeddings in {args.model}/config.json); pass --max-new-tokens "
+            f"{limit - longest} or less"
+            if limit > longest
+            else f"--data: the longest prompt ({longest} tokens) does not fit the model's context of {limit} tokens"
+        )
+    print(summary_line, file=sys.stderr)
     try:
         gens = _generate(args, tok, prompts)
     except EngineError as err:

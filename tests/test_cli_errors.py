@@ -230,6 +230,30 @@ def test_eval_tokenizer_without_chat_template(capsys, tmp_path, monkeypatch):
     one_line(err, "--chat-template", "no chat template", "false", "Jinja")
 
 
+def test_eval_names_max_new_tokens_when_the_model_context_is_too_short(capsys, tmp_path, monkeypatch):
+    """The README's CPU run evaluates a model with a 512-token context: the default
+    --max-new-tokens 20480 is refused in one line naming the option and what fits, before any
+    engine starts (vLLM's own refusal was three lines of pydantic naming max_model_len)."""
+    need("yaml", "transformers")
+    import dapo_shaped
+
+    for name in ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS", "VLLM_LOGGING_LEVEL"):
+        monkeypatch.setenv(name, os.environ.get(name, "error"))
+    monkeypatch.setattr("scale.cli.quiet_engines", lambda verbose: None)
+    monkeypatch.setattr("scale.cli._generate", lambda *a: pytest.fail("the engine must not start"))
+    data = tmp_path / "eval.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
+    model = dapo_shaped.model_dir(tmp_path / "model")
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
+    rc, out, err = run(
+        capsys, ["eval", "--model", str(model), "--data", str(data), "--chat-template", "false"]
+    )
+    assert rc == 2 and out == "", err
+    one_line(err, "--max-new-tokens 20480", "context of 512 tokens", "pass --max-new-tokens")
+    fits = int(err.split("pass --max-new-tokens ")[1].split()[0])
+    assert 0 < fits < 512
+
+
 def test_unexpected_error_is_one_line_and_a_log(capsys, tmp_path, monkeypatch):
     """A bug (not bad input) prints one line with the log's path, exit 70."""
     monkeypatch.chdir(tmp_path)

@@ -125,21 +125,23 @@ def test_a_finished_run_extended_with_more_steps_trains_them(tiny, ref, tmp_path
     assert _generator_pids(run) == {}
 
 
-def test_resumed_with_fewer_generators_equals_the_uninterrupted_run(tiny, ref, stopped, tmp_path):
-    """Each prompt's seed comes from its place in the global draw, so one generator samples what
-    two did: the batches in flight are kept and the run equals the uninterrupted one."""
+def test_resumed_with_a_larger_k_and_fewer_generators_keeps_the_batches_in_flight(
+    tiny, ref, stopped, tmp_path
+):
+    """k 2 -> 3, 2 -> 1 generators, partial rollouts off: the held batches (sampled by two
+    generators) are within the looser bound and are trained as they were (steps 3 and 4 equal
+    the uninterrupted run's); batch 5, which the k = 3 schedule would sample by version 1, is
+    sampled by the one generator with version 2 (the checkpoint's: nothing older exists)."""
     run = copy(stopped, tmp_path)
-    train(tiny, run, "rollout.generators=1", resume=True)
-    same(metrics(ref), metrics(run))
-
-
-def test_resumed_with_a_larger_k_keeps_the_batches_in_flight(tiny, ref, stopped, tmp_path):
-    """k 2 -> 3: the held batches are within the looser bound and are trained as they were (steps
-    3 and 4 equal the uninterrupted run's); batch 5, which the k = 3 schedule would sample by
-    version 1, is sampled by version 2 (the checkpoint's: nothing older exists), and partial
-    rollouts switched off change nothing already sampled."""
-    run = copy(stopped, tmp_path)
-    train(tiny, run, "rollout.max_staleness=3", "rollout.partial=false", "train.steps=5", resume=True)
+    train(
+        tiny,
+        run,
+        "rollout.max_staleness=3",
+        "rollout.partial=false",
+        "rollout.generators=1",
+        "train.steps=5",
+        resume=True,
+    )
     m = metrics(run)
     same(metrics(ref), m[:4])
     assert m[4]["async/staleness_max"] == 2 and (5, 2) in generator_loads(run)
