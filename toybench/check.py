@@ -54,7 +54,7 @@ from typing import Any
 from dapo.offpolicy import correction_fields
 
 from .check_words import DOES_NOT_LEARN, FRAGILE, LEARNING_MARGIN, PROTECTS, legend
-from .experiment import Arm, Contrast, Experiment, ExperimentResult, Log, Summary, final, run_experiments
+from .experiment import Arm, Contrast, Experiment, ExperimentResult, Log, Summary, run_experiments
 from .losses import (
     FAILURE_MODES,
     KNOBS,
@@ -68,7 +68,7 @@ from .losses import (
     resolve,
     uses_weights,
 )
-from .matched import read_matched
+from .matched import gain, read_matched
 from .stats import Interval, paired_interval
 
 EQUIVALENCE_MARGIN = 0.25
@@ -381,10 +381,6 @@ def _combine(labels: Sequence[str]) -> str:
     return labels[0] if len(set(labels)) == 1 else FRAGILE
 
 
-def _accuracy_gain(log: Log) -> float:
-    return final(LEARNING_METRIC)(log) - log[0][LEARNING_METRIC]
-
-
 @dataclass(frozen=True)
 class OffPolicy:
     """``dapo toy check --staleness K [--partial] [--correction NAME]``: every arm (the
@@ -428,7 +424,7 @@ def derived_experiment(
         arms[_arm_name(i)] = off_policy.arm(replace(base, cfg=base.cfg.replace(**knobs), loss=loss.spec))
     summaries = {
         mode.summary: exp.summaries[mode.summary],
-        LEARNED: Summary(_accuracy_gain, "expected accuracy, last 10 steps minus step 0 (= no update)"),
+        LEARNED: Summary(gain, "expected accuracy, last 10 steps minus step 0 (= no update)"),
     }
     contrasts = []
     if mode.curve is None:
@@ -545,10 +541,10 @@ def _judge(mode: FailureMode, res: ExperimentResult, results: list[LossResult]) 
     for i, r in enumerate(results):
         c = _arm_name(i)
         cand_gain = _per_seed(res, LEARNED, c)
-        gain = _intervals(res, cand_gain)
+        gains = _intervals(res, cand_gain)
         margin = _intervals(res, {s: cand_gain[s] - LEARNING_MARGIN * ref_gain[s] for s in res.seeds})
         learning = Learning(
-            gain,
+            gains,
             ref_interval,
             margin,
             all(_learned(iv, tol_learned) for iv in margin.values()),
