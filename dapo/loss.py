@@ -78,12 +78,10 @@ def aggregate(
     if denominator is None:
         denominator = window_denominator(mask, agg, norm_const)
     denominator = torch.as_tensor(denominator, dtype=torch.float64, device=loss_mat.device)
-    if denominator.dim() == 0:
-        if float(denominator) <= 0:
-            return numerator * 0.0
-        return numerator / denominator.to(loss_mat.dtype)
-    # one normaliser per run; a run whose window has no loss token gets a zero loss (a
-    # safe divisor keeps 0/0 out of the backward pass)
+    # one normaliser (or one per run); a window with no loss token gets a zero loss (a safe
+    # divisor keeps 0/0 out of the backward pass). A where() and no branch on the value, so
+    # that the loss also runs under torch.func.vmap (dapo.losses.per_run); the values and the
+    # gradient are those of the branch (x + 0.0 is x)
     positive = denominator > 0
     safe = torch.where(positive, denominator, torch.ones_like(denominator)).to(loss_mat.dtype)
     return torch.where(positive, numerator / safe, numerator * 0.0)

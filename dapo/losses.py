@@ -16,6 +16,7 @@ docstring says so.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -229,14 +230,63 @@ def kl_cov_loss(
     return loss, ratio_stats(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high)
 
 
-def per_run(fn: Callable[..., Any]) -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
-    """Lift a loss over one [B, T] batch to [..., B, T]: one call per leading index, the
-    losses and stats stacked into [...] (the gradient of their sum is each run's own).
+def per_run(
+    fn: Callable[..., Any], vectorise: bool = True
+) -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
+    """Lift a loss over one [B, T] batch to [..., B, T]: each leading index is one call of
+    ``fn`` on its own batch, the losses and stats stacked into [...] (the gradient of their
+    sum is each run's own).
 
     A loss that returns a bare tensor, or stats without :func:`dapo.loss.ratio_stats`'s
     keys, gets those keys measured on its inputs. ``agg_denominator`` of shape [...] is
     handed out one value per call, and ``is_weights`` [..., B, T] (off-policy weights) one
-    [B, T] slice per call."""
+    [B, T] slice per call.
+
+    With ``vectorise`` the calls are made as one, through :func:`torch.func.vmap` (which
+    keeps the one-batch semantics: every reduction in ``fn`` stays per run). The first
+    call over runs also makes them one by one and compares loss, stats and the gradient
+    with respect to ``logp``, bit for bit; a loss that ``vmap`` cannot run (``.item()``,
+    Python branches on values, in-place writes into a fresh tensor, global randomness),
+    on that batch or a later one, or whose result differs is made one call per run from
+    then on, so either way each run gets what the one-by-one calls give it."""
+    state: dict[str, bool | None] = {"vmap": None if vectorise else False}
+
+    def one(
+        lp: Tensor, old: Tensor, adv: Tensor, m: Tensor, den: Any, w: Tensor | None, kw: dict[str, Any]
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        extra = {} if w is None else {"is_weights": w}
+        out = fn(lp, old, adv, m, agg_denominator=den, **kw, **extra)
+        loss, stats = out if isinstance(out, tuple) else (out, {})
+        if not isinstance(loss, Tensor) or loss.dim() != 0:
+            raise TypeError(f"a policy loss must return a scalar tensor, got {type(loss).__name__}")
+        base = ratio_stats(lp, old, adv, m, eps_low=kw["eps_low"], eps_high=kw["eps_high"])
+        return loss, {k: stats.get(k, v) if isinstance(stats, dict) else v for k, v in base.items()}
+
+    def looped(
+        flat: list[Tensor], dens: list[Any], ws: list[Any], kw: dict[str, Any]
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        outs = [one(lp, old, adv, m, d, w, kw) for lp, old, adv, m, d, w in zip(*flat, dens, ws)]
+        return torch.stack([o[0] for o in outs]), {
+            k: torch.stack([o[1][k] for o in outs]) for k in outs[0][1]
+        }
+
+    def mapped(
+        flat: list[Tensor], den: Any, weights: Tensor | None, kw: dict[str, Any]
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        den_dim = 0 if isinstance(den, Tensor) and den.dim() > 0 else None
+        w_dim = None if weights is None else 0
+
+        def call(
+            lp: Tensor, old: Tensor, adv: Tensor, m: Tensor, d: Any, w: Tensor | None
+        ) -> tuple[Tensor, dict[str, Tensor]]:
+            return one(lp, old, adv, m, d, w, kw)
+
+        with warnings.catch_warnings():  # vmap's notes on slow fallbacks are not the user's business
+            warnings.simplefilter("ignore")
+            vm: Callable[..., tuple[Tensor, dict[str, Tensor]]] = torch.func.vmap(
+                call, in_dims=(0, 0, 0, 0, den_dim, w_dim), randomness="error"
+            )
+            return vm(*flat, den, weights)
 
     def lifted(
         logp: Tensor,
@@ -251,33 +301,67 @@ def per_run(fn: Callable[..., Any]) -> Callable[..., tuple[Tensor, dict[str, Ten
     ) -> tuple[Tensor, dict[str, Tensor]]:
         check_shapes(logp, old_logp, mask)
         weights = kw.pop("is_weights", None)
-
-        def one(
-            lp: Tensor, old: Tensor, adv: Tensor, m: Tensor, den: Any, w: Tensor | None = None
-        ) -> tuple[Tensor, dict[str, Tensor]]:
-            extra = {} if w is None else {"is_weights": w}
-            out = fn(lp, old, adv, m, eps_low=eps_low, eps_high=eps_high, agg_denominator=den, **kw, **extra)
-            loss, stats = out if isinstance(out, tuple) else (out, {})
-            if not isinstance(loss, Tensor) or loss.dim() != 0:
-                raise TypeError(f"a policy loss must return a scalar tensor, got {type(loss).__name__}")
-            base = ratio_stats(lp, old, adv, m, eps_low=eps_low, eps_high=eps_high)
-            return loss, {k: stats.get(k, v) if isinstance(stats, dict) else v for k, v in base.items()}
-
+        kw = {"eps_low": eps_low, "eps_high": eps_high, **kw}
         if logp.dim() == 2:
-            return one(logp, old_logp, advantages, mask, agg_denominator, weights)
+            return one(logp, old_logp, advantages, mask, agg_denominator, weights, kw)
         lead = logp.shape[:-2]
         flat = [t.reshape(-1, *t.shape[len(lead) :]) for t in (logp, old_logp, advantages, mask)]
-        dens: list[Any]
-        if isinstance(agg_denominator, Tensor) and agg_denominator.dim() > 0:
-            dens = list(agg_denominator.reshape(-1))
-        else:
-            dens = [agg_denominator] * flat[0].shape[0]
-        ws: list[Tensor | None] = (
-            [None] * len(dens) if weights is None else list(weights.reshape(-1, *weights.shape[len(lead) :]))
-        )
-        outs = [one(lp, old, adv, m, d, w) for lp, old, adv, m, d, w in zip(*flat, dens, ws)]
-        loss = torch.stack([o[0] for o in outs]).reshape(lead)
-        stats = {k: torch.stack([o[1][k] for o in outs]).reshape(lead) for k in outs[0][1]}
-        return loss, stats
+        n = flat[0].shape[0]
+        den = agg_denominator
+        if isinstance(den, Tensor) and den.dim() > 0:
+            den = den.reshape(-1)
+        w = None if weights is None else weights.reshape(-1, *weights.shape[len(lead) :])
+        dens = list(den) if isinstance(den, Tensor) and den.dim() > 0 else [den] * n
+        ws = [None] * n if w is None else list(w)
+        if state["vmap"] is False:
+            loss, stats = looped(flat, dens, ws, kw)
+        elif state["vmap"]:
+            try:
+                loss, stats = mapped(flat, den, w, kw)
+            except Exception:  # a branch the first batch did not take: the loop, from now on
+                state["vmap"] = False
+                loss, stats = looped(flat, dens, ws, kw)
+        else:  # the first call over runs: both ways, kept only if they agree bit for bit
+            loss, stats = looped(flat, dens, ws, kw)
+            state["vmap"] = _same_runs(lambda: mapped(flat, den, w, kw), (loss, stats), flat[0])
+        return loss.reshape(lead), {k: v.reshape(lead) for k, v in stats.items()}
 
     return lifted
+
+
+def _same_runs(
+    attempt: Callable[[], tuple[Tensor, dict[str, Tensor]]],
+    ref: tuple[Tensor, dict[str, Tensor]],
+    logp: Tensor,
+) -> bool:
+    """Whether ``attempt()`` (the vectorised calls) runs and gives ``ref`` (the calls one by
+    one) exactly: losses, stats and the gradient of the losses' sum with respect to
+    ``logp`` (NaN equal to NaN)."""
+    try:
+        loss, stats = attempt()
+    except Exception:
+        return False
+    ref_loss, ref_stats = ref
+    if stats.keys() != ref_stats.keys():
+        return False
+    pairs = [(loss, ref_loss)] + [(stats[k], ref_stats[k]) for k in stats]
+    if logp.requires_grad and ref_loss.requires_grad:
+        if not loss.requires_grad:
+            return False
+        try:
+            (g,) = torch.autograd.grad(loss.sum(), logp, retain_graph=True, allow_unused=True)
+            (g_ref,) = torch.autograd.grad(ref_loss.sum(), logp, retain_graph=True, allow_unused=True)
+        except RuntimeError:
+            return False
+        if (g is None) != (g_ref is None):
+            return False
+        if g is not None and g_ref is not None:
+            pairs.append((g, g_ref))
+    return all(_identical(a.detach(), b.detach()) for a, b in pairs)
+
+
+def _identical(a: Tensor, b: Tensor) -> bool:
+    """Same shape, dtype and bits, NaN equal to NaN."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()))

@@ -160,6 +160,77 @@ def test_leading_run_dims_equal_one_run_at_a_time(seed, agg):
             assert torch.allclose(lp.grad[i], g, atol=1e-12)
 
 
+def _counted(fn):
+    """``fn`` and the list its calls are counted in."""
+    calls = []
+
+    def counted(*args, **kw):
+        calls.append(1)
+        return fn(*args, **kw)
+
+    return counted, calls
+
+
+def _item_branch(logp, old_logp, advantages, mask, **kw):
+    """A loss written for one batch that branches on a value (vmap cannot run it)."""
+    loss, stats = policy_loss(logp, old_logp, advantages, mask, **kw)
+    return (loss * 2.0 if float(mask.sum()) > 20 else loss), stats
+
+
+def _stacked_value_grad(fn, runs, agg):
+    stacked = [torch.stack([r[j].detach() for r in runs]) for j in range(4)]
+    lp = stacked[0].clone().requires_grad_(True)
+    den = window_denominator(stacked[3], agg, KNOBS["norm_const"])
+    loss, stats = fn(lp, *stacked[1:], agg=agg, agg_denominator=den, **KNOBS)
+    loss.sum().backward()
+    return loss.detach(), stats, lp.grad
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), agg=st.sampled_from(AGGS), n_runs=st.integers(1, 4))
+def test_per_run_makes_one_call_where_vmap_gives_the_loop_bit_for_bit(seed, agg, n_runs):
+    """A loss vmap can run is called once for all runs (after a first call that checks it
+    against the loop), one vmap cannot run or that vmap changes is called once per run; either
+    way every run's loss, stats and gradient are bit for bit the one-by-one calls'."""
+    runs = [batch(seed + i, empty_row=i == 1) for i in range(n_runs)]
+    calls_made = 0
+    for fn, vectorised in ((policy_loss, True), (_item_branch, False)):
+        ref = _stacked_value_grad(per_run(fn, vectorise=False), runs, agg)
+        counted, calls = _counted(fn)
+        lifted = per_run(counted)
+        for call in range(3):
+            loss, stats, grad = _stacked_value_grad(lifted, runs, agg)
+            assert torch.equal(loss, ref[0]) and torch.equal(grad, ref[2]), (fn.__name__, call)
+            for k, v in ref[1].items():
+                assert torch.equal(stats[k].nan_to_num(), v.nan_to_num()), k
+        # first call: the loop, then one vmap attempt (it raises at once for _item_branch)
+        first = n_runs + 1
+        calls_made = len(calls)
+        assert calls_made == (first + 2 if vectorised else first + 2 * n_runs), fn.__name__
+
+
+def test_per_run_keeps_the_loop_for_a_loss_whose_calls_differ():
+    """A loss with state across calls (each call scaled by its count) runs under vmap but not
+    as the loop runs it: the first call sees the difference and the loss stays one call per
+    run."""
+    runs = [batch(i) for i in range(3)]
+    count = [0]
+
+    def scaled_by_call(logp, old_logp, advantages, mask, **kw):
+        count[0] += 1
+        loss, stats = policy_loss(logp, old_logp, advantages, mask, **kw)
+        return loss * count[0], stats
+
+    lifted = per_run(scaled_by_call)
+    loss, _, _ = _stacked_value_grad(lifted, runs, "token-mean")
+    assert count[0] == 4  # three runs, one vmap attempt that differed
+    loss2, _, _ = _stacked_value_grad(lifted, runs, "token-mean")
+    assert count[0] == 7  # one call per run from then on
+    assert torch.allclose(
+        loss2 / torch.tensor([5.0, 6.0, 7.0]), loss / torch.tensor([1.0, 2.0, 3.0]), rtol=1e-12
+    )
+
+
 # ---- against verl's code --------------------------------------------------------------------
 
 need_verl = pytest.mark.skipif(

@@ -102,15 +102,23 @@ def test_every_arm_matches_the_per_run_loop_bitwise(name):
 
 @pytest.mark.parametrize("exp_name", ["entropy_collapse", "length_bias"])
 def test_other_policy_losses_match_the_loop_and_share_a_batch(exp_name):
-    """Runs with different policy losses (native over runs, and lifted by per_run) stack in
-    one batch and each follows the loop's trajectory bit for bit."""
+    """Runs with different policy losses (native over runs, and lifted by per_run: one call
+    for all runs through vmap, or one call per run for a loss vmap cannot run) stack in one
+    batch and each follows the loop's trajectory bit for bit."""
     from dataclasses import replace
 
     exp = REGISTRY[exp_name]
     arm = next(iter(exp.arms))
     specs = [
         replace(exp.spec(arm, seed, steps=6), loss=loss)
-        for loss in ("dapo", "gspo", "cispo", "kl_cov", "broken_losses:per_sequence")
+        for loss in (
+            "dapo",
+            "gspo",
+            "cispo",
+            "kl_cov",
+            "broken_losses:per_sequence",
+            "broken_losses:paper_dapo",
+        )
         for seed in (0, 5)
     ]
     assert len({batch_key(s) for s in specs}) == 1
@@ -384,3 +392,22 @@ def test_a_failing_worker_is_reported_not_hung():
     # jobs while workers start, so under load either may run it)
     with pytest.raises(RuntimeError, match=r"toy worker failed on job 0:(.|\n)*unknown task 'no_such_task'"):
         execute([bad, good], workers=2, show_progress=False)
+
+
+def test_a_failing_worker_stops_this_process_at_once():
+    """A spawned worker's failure ends the run while this process is still inside its own long
+    job (it used to finish that job first: a user's loss that raised in a worker took as long
+    to report as this process's share of the work)."""
+    import time
+
+    from toybench.scheduler import Job, execute
+
+    cfg = AlgoConfig(group_size=4, train_groups=4, mini_batch_groups=2, expected_len=4, cache_len=2)
+    # about 150 s of work on this process (idle machine) if it did not stop
+    endless = Job(((("x", "a", 0), RunSpec(task="zero_grad", cfg=cfg, steps=20_000, lr=1.0)),), batched=True)
+    bad = Job(((("x", "b", 0), RunSpec(task="no_such_task", cfg=cfg, steps=1, lr=1.0)),), batched=True)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"toy worker failed on job 1:(.|\n)*unknown task 'no_such_task'"):
+        execute([endless, bad], workers=2, show_progress=False)
+    # the worker's start (importing torch) is most of this; the job alone is minutes
+    assert time.monotonic() - t0 < 90

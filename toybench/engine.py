@@ -3,7 +3,7 @@ one tensor computation, with the same result as :func:`toybench.runner.train` pe
 
 A run is a :class:`~toybench.runner.RunSpec`. Runs that share a :func:`batch_key` (task,
 horizon, learning rate, batch geometry) are stacked: one softmax table per run,
-``W[run, prompt, position, path, token]``, trained by one SGD optimizer, while each run
+``W[run, prompt, position, path, token]``, trained by one SGD step per window, while each run
 keeps its own ``torch.Generator``. Everything random is drawn per run, in the order and
 with the shapes :func:`~toybench.runner.train` draws it, so a run's trajectory does not
 depend on which runs share its batch. Everything else (sampling, verification, dynamic
@@ -166,7 +166,7 @@ class _Engine:
             tables.append(TabularPolicy(task, gen, init_noise=s.init_noise).table.detach())
             self.gens.append(gen)
         self.table = torch.nn.Parameter(torch.stack(tables))
-        self.optimizer = torch.optim.SGD([self.table], lr=specs[0].lr)
+        self.lr = specs[0].lr
         self.best = _best_paths(task)  # of the task the run starts on, as the loop keeps it
         self._set_task(task)
         # prompt selection (per run: its own history and data-loader stream) and the drift
@@ -547,7 +547,7 @@ class _Engine:
                 acc.empty_windows += live & (denom == 0)
                 if not bool(stepping.any()):
                     continue
-                self.optimizer.zero_grad(set_to_none=True)
+                self.table.grad = None
                 if log_table is None:
                     log_table = table_log_softmax(self.table)
                 logp, entropy = read_log_table(
@@ -594,10 +594,10 @@ class _Engine:
                     grad.mul_((self.clip / (norm + 1e-6)).clamp(max=1.0).view(shape))
                 if not bool(took.all()):
                     self.table.grad = torch.where(took.view(shape), grad, torch.zeros_like(grad))
-                self.optimizer.step()
+                self._sgd_step()
                 ent_mask = mask[:, rows] & in_win.unsqueeze(-1)
                 acc.add(stats, loss, norm, took, stepping & ~took, entropy if epoch == 0 else None, ent_mask)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.table.grad = None
         finish = acc.finish()
         mean_prob = masked_mean(torch.exp(old_logp), mask, dims=2)
         extra = torch.stack([mean_prob, loss_mask.sum((1, 2)).double(), filtered.sum(1).double()], 1).tolist()
@@ -614,6 +614,15 @@ class _Engine:
             steps = {k: m[k] for k in ("actor/optimizer_steps", "actor/skipped_steps")}
             out.append({**head, **steps, **off_metrics[r], **m})
         return out
+
+    @torch.no_grad()
+    def _sgd_step(self) -> None:
+        """``torch.optim.SGD(lr).step()`` without momentum or weight decay, as the per-run loop
+        takes it (``param.add_(grad, alpha=-lr)``: the same kernel, so the same bits), without
+        constructing the optimizer, whose first construction imports torch._dynamo (1.6 s in
+        every process that trains)."""
+        assert self.table.grad is not None
+        self.table.add_(self.table.grad, alpha=-self.lr)
 
     def correct(
         self, batch: dict[str, Tensor], old_logp: Tensor, loss_mask: Tensor

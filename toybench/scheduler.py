@@ -89,6 +89,10 @@ def run_job(job: Job, on_step: Callable[[int], None] | None = None) -> tuple[lis
     return [(rid, log) for (rid, _), log in zip(job.runs, logs)], time.process_time() - t0
 
 
+class _WorkerFailed(RuntimeError):
+    """A spawned worker's job raised (its traceback is the message)."""
+
+
 def _take(cursor) -> int:
     with cursor.get_lock():
         i = cursor.value
@@ -156,19 +160,20 @@ def execute(
             if isinstance(err, LossSpecError):
                 raise err
             if err is not None:
-                raise RuntimeError(f"toy worker failed on job {i}:\n{err}")
+                raise _WorkerFailed(f"toy worker failed on job {i}:\n{err}")
             done[i] = res
 
         def on_step(k: int) -> None:
             with counter.get_lock():
                 counter.value += k
             bar.update(counter.value)
+            drain(block=False)  # a worker that failed stops this process's job too, at once
 
         try:
             while (i := _take(cursor)) < len(jobs):  # this process works too while workers start
                 try:
                     done[i] = run_job(jobs[i], on_step)
-                except LossSpecError:
+                except (LossSpecError, _WorkerFailed):
                     raise
                 except Exception as e:  # reported as a worker's failure is, whichever process ran it
                     raise RuntimeError(f"toy worker failed on job {i}:\n{traceback.format_exc()}") from e
