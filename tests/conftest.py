@@ -36,9 +36,10 @@ def toy_results():
 SLOW_FIRST = (
     "test_scale_trainer.py",
     "test_disaggregated_resume.py",
+    "test_check_corpus.py",
     "test_check.py",
     "test_gpu_check.py",
-    "test_health.py",
+    "test_toy_experiments.py",
     "test_toy_engine.py",
     "test_toy_off_policy_family.py",
     "test_multiproc.py",

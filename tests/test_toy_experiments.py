@@ -182,3 +182,55 @@ def test_table_never_cuts_a_contrast_name(results):
             for piece in textwrap.wrap(c.contrast.name, NAME_WIDTH):
                 assert piece in table, (c.contrast.name, piece)
     assert any(len(c.contrast.name) > NAME_WIDTH for r in every for c in r.contrasts)  # the case exists
+
+
+# ---- the toy confusion matrix: dapo diagnose on these runs ----------------------------------------
+# (here, beside the other users of the session's toy_results, so that pytest's workers do not
+# each train the four experiments: a file stays on one worker)
+
+
+def test_diagnose_reads_toy_jsonl(toy_results, tmp_path):
+    from dapo.health.readers import read_runs
+    from toybench.output import write_metrics
+
+    r = toy_results["truncation_noise"]
+    write_metrics(r, tmp_path / "t.jsonl")
+    runs, _, fmt = read_runs(tmp_path / "t.jsonl")
+    assert (
+        fmt == "jsonl"
+        and len(runs) == len(r.experiment.arms) * 20
+        and all(len(v) == 150 for v in runs.values())
+    )
+    assert "experiment=truncation_noise/arm=punish/seed=0" in runs
+
+
+@pytest.mark.slow
+def test_rules_fire_on_toy_failures_and_less_on_fixed_runs(toy_results):
+    from dapo.health import SEVERITY
+    from toybench.health_suite import CASES, run_suite
+
+    suite = run_suite(toy_results, seeds=10, jobs=2)
+    m = suite["matrix"]
+    for case in [c.rule for c in CASES] + ["length_growth"]:
+        fail, fixed = m[case]["failing"], m[case].get("fixed", {})
+        n_fail = sum(fail.values())
+        fired = sum(v for k, v in fail.items() if SEVERITY[k] >= 1)
+        assert fired >= 0.8 * n_fail, (case, fail)
+        sev = lambda d: sum(SEVERITY[k] * v for k, v in d.items()) / max(1, sum(d.values()))  # noqa: E731
+        if case != "vanishing_signal":
+            assert sev(fixed) < sev(fail), (case, fail, fixed)
+    # clean runs: mismatch and gradient rules stay quiet; with dynamic sampling the vanishing
+    # signal is reported through its cost (rounds, underfill), not as zero-gradient groups
+    assert m["rollout_mismatch"]["fixed"] == {"healthy": 10}
+    assert m["gradients"]["fixed"] == {"healthy": 10}
+    assert m["truncation_noise"]["fixed"].get("failing", 0) == 0
+    ds_rows = [r for r in suite["rows"] if r["case"] == "vanishing_signal" and r["role"] == "fixed"]
+    assert all("rounds" in r["evidence"] for r in ds_rows)
+    # faults injected late (step 30): every one found, by the rule it belongs to, within a window
+    d = suite["detection"]
+    for rule in ("rollout_mismatch", "gradients", "kl_blowup", "off_policy_drift"):
+        found = d[rule]
+        assert found["recall"] == 1.0 and found["precision"] == 1.0, found
+        assert found["lead_runs"] == 10 and found["lead_missed"] == 0 and found["lead_max"] <= 10, found
+    # the learning rate x30 from step 30 collapses entropy within a window (an alarm on every run)
+    assert d["entropy_collapse"]["lead_runs"] == 10 and 0 <= d["entropy_collapse"]["lead_max"] <= 10
