@@ -263,8 +263,11 @@ def per_run(
         return loss, {k: stats.get(k, v) if isinstance(stats, dict) else v for k, v in base.items()}
 
     def looped(
-        flat: list[Tensor], dens: list[Any], ws: list[Any], kw: dict[str, Any]
+        flat: list[Tensor], den: Any, weights: Tensor | None, kw: dict[str, Any]
     ) -> tuple[Tensor, dict[str, Tensor]]:
+        n = flat[0].shape[0]
+        dens = list(den) if isinstance(den, Tensor) and den.dim() > 0 else [den] * n
+        ws: list[Tensor | None] = [None] * n if weights is None else list(weights)
         outs = [one(lp, old, adv, m, d, w, kw) for lp, old, adv, m, d, w in zip(*flat, dens, ws)]
         return torch.stack([o[0] for o in outs]), {
             k: torch.stack([o[1][k] for o in outs]) for k in outs[0][1]
@@ -306,23 +309,20 @@ def per_run(
             return one(logp, old_logp, advantages, mask, agg_denominator, weights, kw)
         lead = logp.shape[:-2]
         flat = [t.reshape(-1, *t.shape[len(lead) :]) for t in (logp, old_logp, advantages, mask)]
-        n = flat[0].shape[0]
         den = agg_denominator
         if isinstance(den, Tensor) and den.dim() > 0:
             den = den.reshape(-1)
         w = None if weights is None else weights.reshape(-1, *weights.shape[len(lead) :])
-        dens = list(den) if isinstance(den, Tensor) and den.dim() > 0 else [den] * n
-        ws = [None] * n if w is None else list(w)
         if state["vmap"] is False:
-            loss, stats = looped(flat, dens, ws, kw)
+            loss, stats = looped(flat, den, w, kw)
         elif state["vmap"]:
             try:
                 loss, stats = mapped(flat, den, w, kw)
             except Exception:  # a branch the first batch did not take: the loop, from now on
                 state["vmap"] = False
-                loss, stats = looped(flat, dens, ws, kw)
+                loss, stats = looped(flat, den, w, kw)
         else:  # the first call over runs: both ways, kept only if they agree bit for bit
-            loss, stats = looped(flat, dens, ws, kw)
+            loss, stats = looped(flat, den, w, kw)
             state["vmap"] = _same_runs(lambda: mapped(flat, den, w, kw), (loss, stats), flat[0])
         return loss.reshape(lead), {k: v.reshape(lead) for k, v in stats.items()}
 
