@@ -16,16 +16,24 @@ process, so that no two threads ever queue operations on one group:
   (:class:`scale.rollout.GlobalDynamicSampler`), so that every generator takes the same
   global decisions.
 
-Messages are length-prefixed bytes. Batches and headers travel as ``torch.save`` archives
-read with ``weights_only=True``; the sampler's reports travel pickled between the
-generators, as ``torch.distributed.all_gather_object`` would carry them.
+Only tensors travel over the weights group, each on the group's device (NCCL refuses a host
+tensor: "Tensors must be CUDA and dense"); everything else goes out of band, through the
+store: the start message, each version's header (names, shapes, dtypes; as TRL's trainer
+sends them over HTTP), and the keys that say a batch or a generator is ready. Every wait
+across the learner/generator boundary (a generation round, a training step, an engine being
+built) is a poll of a store key on the host (:meth:`Group.wait`), never a collective that
+``train.dist_timeout_s`` or NCCL's watchdog would abort; a collective starts only once the
+other side is known to be ready to take part. Batches travel as length-prefixed
+``torch.save`` archives read with ``weights_only=True``; the sampler's reports travel
+pickled between the generators, as ``torch.distributed.all_gather_object`` would carry them.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -41,63 +49,87 @@ LEARNER = 0
 @dataclass
 class Group:
     """A process group built from a store (not the default group), with the few operations
-    the bridge needs. ``rank`` and ``size`` are within the group."""
+    the bridge needs. ``rank`` and ``size`` are within the group; ``device`` is where its
+    tensors must be (NCCL: this member's GPU, never the host; gloo: the host); ``kv`` is the
+    group's own namespace of the rendezvous store, for what travels out of band."""
 
     pg: Any
     rank: int
     size: int
     device: torch.device
+    kv: Any = None
+
+    # -- host waits --------------------------------------------------------------------
+    def post(self, key: str, data: bytes = b"") -> None:
+        """Put ``key`` in the store (a message out of band, or a sign that something is ready)."""
+        self.kv.set(key, data)
+
+    def wait(self, key: str, what: str, alive: Callable[[], None] | None = None) -> bytes:
+        """Wait on the host until ``key`` is in the store, however long that takes, and return
+        its value. A wait across the learner/generator boundary lasts a generation round or a
+        training step, which can be longer than any collective timeout: it is done here,
+        never inside a collective. Long waits are reported (:func:`scale.topology.waiting_for`);
+        ``alive()`` raises if the other side has died (polled about once a second)."""
+        pause = 0.005
+        with waiting_for(what):
+            while not self.kv.check([key]):
+                if alive is not None:
+                    alive()
+                time.sleep(pause)
+                pause = min(1.0, pause * 2)
+            return bytes(self.kv.get(key))
 
     # -- bytes -----------------------------------------------------------------------
+    def _size(self, n: int) -> torch.Tensor:
+        return torch.tensor([n], dtype=torch.long).to(self.device)
+
+    def _payload(self, data: bytes) -> torch.Tensor:
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+
     def send_bytes(self, data: bytes, dst: int, what: str) -> None:
-        size = torch.tensor([len(data)], dtype=torch.long)
-        payload = (
-            torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            if data
-            else torch.empty(0, dtype=torch.uint8)
-        )
         with waiting_for(what):
-            self.pg.send([size], dst, 0).wait()
+            self.pg.send([self._size(len(data))], dst, 0).wait()
             if data:
-                self.pg.send([payload], dst, 1).wait()
+                self.pg.send([self._payload(data)], dst, 1).wait()
 
     def recv_bytes(self, src: int, what: str) -> bytes:
-        size = torch.zeros(1, dtype=torch.long)
+        size = self._size(0)
         with waiting_for(what):
             self.pg.recv([size], src, 0).wait()
             n = int(size.item())
             if not n:
                 return b""
-            buf = torch.empty(n, dtype=torch.uint8)
+            buf = torch.empty(n, dtype=torch.uint8, device=self.device)
             self.pg.recv([buf], src, 1).wait()
-        return buf.numpy().tobytes()
+        return _host_bytes(buf)
 
     def broadcast_bytes(self, data: bytes | None, root: int, what: str) -> bytes:
-        size = torch.tensor([len(data) if data is not None else 0], dtype=torch.long)
+        size = self._size(len(data) if data is not None else 0)
         with waiting_for(what):
             self.pg.broadcast([size], _bopts(root)).wait()
             n = int(size.item())
+            if not n:
+                return b""
             buf = (
-                torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                self._payload(data)
                 if self.rank == root and data
-                else torch.empty(n, dtype=torch.uint8)
+                else torch.empty(n, dtype=torch.uint8, device=self.device)
             )
-            if n:
-                self.pg.broadcast([buf], _bopts(root)).wait()
-        return buf.numpy().tobytes() if n else b""
+            self.pg.broadcast([buf], _bopts(root)).wait()
+        return _host_bytes(buf)
 
     def all_gather_bytes(self, data: bytes, what: str) -> list[bytes]:
-        size = torch.tensor([len(data)], dtype=torch.long)
-        sizes = [torch.zeros(1, dtype=torch.long) for _ in range(self.size)]
+        sizes = [self._size(0) for _ in range(self.size)]
         with waiting_for(what):
-            self.pg.allgather([sizes], [size]).wait()
-            n = max(int(s.item()) for s in sizes)
+            self.pg.allgather([sizes], [self._size(len(data))]).wait()
+            lengths = [int(s.item()) for s in sizes]
+            n = max(lengths)
             mine = torch.zeros(n, dtype=torch.uint8)
             if data:
                 mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            out = [torch.empty(n, dtype=torch.uint8) for _ in range(self.size)]
-            self.pg.allgather([out], [mine]).wait()
-        return [o[: int(s.item())].numpy().tobytes() for o, s in zip(out, sizes)]
+            out = [torch.empty(n, dtype=torch.uint8, device=self.device) for _ in range(self.size)]
+            self.pg.allgather([out], [mine.to(self.device)]).wait()
+        return [_host_bytes(o)[:k] for o, k in zip(out, lengths)]
 
     # -- objects -----------------------------------------------------------------------
     def send(self, obj: Any, dst: int, what: str) -> None:
@@ -112,6 +144,10 @@ class Group:
     def broadcast_tensor(self, t: torch.Tensor, root: int, what: str) -> None:
         with waiting_for(what):
             self.pg.broadcast([t], _bopts(root)).wait()
+
+
+def _host_bytes(t: torch.Tensor) -> bytes:
+    return t.cpu().numpy().tobytes()
 
 
 def _bopts(root: int) -> Any:
@@ -175,20 +211,29 @@ def store(host: str, port: int, *, is_master: bool, members: int, timeout_s: flo
     )
 
 
+def _nccl(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[Any, torch.device]:
+    """An NCCL group of ``size`` members from ``store``, and this member's device (its current
+    CUDA device). The unit tests replace this with a double that keeps NCCL's rules on a CPU
+    (``tests/nccl_double.py``)."""
+    import torch.distributed as dist
+
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, size, opts), torch.device("cuda", torch.cuda.current_device())
+
+
 def group(kv: Any, name: str, rank: int, size: int, timeout_s: float, *, backend: str = "gloo") -> Group:
     """The process group ``name`` of ``size`` members built from the store ``kv``."""
     import torch.distributed as dist
 
     prefixed = dist.PrefixStore(f"dapo-bridge/{name}/", kv)
+    keys = dist.PrefixStore(f"dapo-bridge/{name}/keys/", kv)
     if backend == "nccl":  # GPU weights: the learner's rank 0 and each generator's first device
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = timedelta(seconds=timeout_s)
-        pg = dist.ProcessGroupNCCL(prefixed, rank, size, opts)
-        device = torch.device("cuda", torch.cuda.current_device())
+        pg, device = _nccl(prefixed, rank, size, timedelta(seconds=timeout_s))
     else:
         pg = dist.ProcessGroupGloo(prefixed, rank, size, timedelta(seconds=timeout_s))
         device = torch.device("cpu")
-    return Group(pg, rank, size, device)
+    return Group(pg, rank, size, device, keys)
 
 
 # ---- weights --------------------------------------------------------------------------------
@@ -200,11 +245,12 @@ def send_weights(
     named: Iterator[tuple[str, torch.Tensor]] | None,
     header: list[tuple[str, list[int], str]],
 ) -> None:
-    """Broadcast policy ``version`` from the learner: a header (version, each tensor's name,
-    shape, dtype), then each tensor. ``named`` yields the full tensors in header order (on the
-    learner's rank 0); on the learner's other ranks nothing is sent (they only took part in
-    gathering the tensors)."""
-    g.broadcast({"version": version, "tensors": header}, LEARNER, f"the generators to take version {version}")
+    """Send policy ``version`` from the learner's rank 0: its header (each tensor's name, shape
+    and dtype) out of band, in the store, then each tensor broadcast from the group's device.
+    ``named`` yields the full tensors in header order. The generators wait for the header on
+    the host (:func:`recv_weights`), so no member waits inside the broadcast for longer than
+    it takes to send."""
+    g.post(f"version/{version}", dump({"version": version, "tensors": header}))
     if named is None:
         return
     for name, t in named:
@@ -212,16 +258,19 @@ def send_weights(
         g.broadcast_tensor(t, LEARNER, f"the generators to take {name} of version {version}")
 
 
-def recv_weights(g: Group, host: bool = True) -> tuple[int, list[tuple[str, torch.Tensor]]]:
-    """On a generator: the next version the learner broadcasts, as (version, [(name, tensor)]),
-    the tensors in host memory (``host``) to wait there until the engine needs them."""
-    head = g.broadcast(None, LEARNER, "the learner's next policy version")
+def recv_weights(
+    g: Group, version: int, host: bool = True, alive: Callable[[], None] | None = None
+) -> list[tuple[str, torch.Tensor]]:
+    """On a generator: policy ``version`` as the learner sends it, as [(name, tensor)], the
+    tensors in host memory (``host``) to wait there until the engine needs them. The wait for
+    the learner to reach this version (a training step or more) is on the host."""
+    head = load(g.wait(f"version/{version}", f"the learner's policy version {version}", alive))
     out = []
     for name, shape, dtype in head["tensors"]:
         t = torch.empty(shape, dtype=getattr(torch, dtype), device=g.device)
-        g.broadcast_tensor(t, LEARNER, f"tensor {name} of version {head['version']}")
+        g.broadcast_tensor(t, LEARNER, f"tensor {name} of version {version}")
         out.append((name, t.cpu() if host else t))
-    return int(head["version"]), out
+    return out
 
 
 __all__ = [

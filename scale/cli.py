@@ -11,6 +11,8 @@ from typing import Any
 
 from dapo.cliargs import Float, Int, OutFile, Parser, Text, UsageError
 
+from .fit import GPUS
+
 
 def config_arguments(p: argparse.ArgumentParser) -> None:
     """``--config`` and the ``section.field=value`` overrides (the config is checked by
@@ -42,6 +44,14 @@ def train_parser() -> argparse.ArgumentParser:
         "--validate-only", action="store_true", help="check the config and the data files, then exit"
     )
     p.add_argument(
+        "--gpu-type",
+        type=str.lower,
+        choices=list(GPUS),
+        default=None,
+        help="with --validate-only: refuse a rollout engine that cannot fit this GPU (a run on GPUs checks "
+        "its own device before any model loads)",
+    )
+    p.add_argument(
         "--require-gate",
         action="store_true",
         help="refuse to start unless the toy gate passed for this commit and algo config",
@@ -55,6 +65,21 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="show the engines' own logs (vLLM, transformers)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
+
+
+def _engine_does_not_fit(cfg, gpu) -> bool:  # type: ignore[no-untyped-def]
+    """Print why the rollout engine cannot fit ``gpu`` (:mod:`scale.fit`), one line per term."""
+    from .fit import problems
+
+    if cfg.rollout.engine != "vllm":
+        return False
+    try:
+        lines = problems(cfg, gpu)
+    except ValueError:  # an architecture this machine cannot read (a hub id not in scale.plan.KNOWN)
+        return False
+    for line in lines:
+        print(f"dapo train: does not fit: {line}", file=sys.stderr)
+    return bool(lines)
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -78,7 +103,17 @@ def train_main(argv: list[str] | None = None) -> int:
         raise UsageError(f"--resume: no such checkpoint directory: {args.resume!r} (or 'auto')")
     if args.validate_only:
         _ensure_tiny(cfg, model=False)
+        if args.gpu_type and _engine_does_not_fit(cfg, GPUS[args.gpu_type]):
+            return 2
         return _validate_data(cfg)
+    import torch
+
+    if torch.cuda.is_available():  # vLLM would say so only after reading the model
+        from .fit import GpuType
+
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        if _engine_does_not_fit(cfg, GpuType(props.name, props.total_memory / (1 << 30), float("nan"))):
+            return 2
     from .preflight import check_companions
 
     quiet_engines(args.verbose)

@@ -26,6 +26,9 @@ learner ranks are split again (:func:`replan`).
 No wait is without an end: the learner waits for a batch only while every version it needs
 has been published or is about to be (:meth:`GeneratorPool.wait_for`), and a generator waits
 for a version only while the versions arriving have not passed it (:mod:`scale.generator`).
+Waits across the boundary (a generation round, a training step, an engine starting) are on
+the host, polling a store key (:mod:`scale.bridge`), so none is cut short by
+``train.dist_timeout_s``; a generator that dies is noticed at the next poll.
 
 A generator process that exits before its work is done ends the run with one line naming it
 and its log (:class:`scale.engines.EngineError`, exit status 4 of ``dapo train``).
@@ -47,7 +50,7 @@ import torch
 
 from dapo.pipeline import behaviour_version, versions_needed
 
-from . import bridge
+from . import bridge, topology
 from .config import RunConfig
 from .engines import EngineError
 
@@ -131,6 +134,10 @@ def generator_gpus(gpus: int, learners_here: int, generators: int) -> tuple[list
 
 
 class GeneratorPool:
+    made = 0
+    """Pools made in this process (every learner rank makes the same ones in the same order):
+    :attr:`serial` names a pool's keys in the launcher's store."""
+
     def __init__(
         self,
         cfg: RunConfig,
@@ -147,6 +154,8 @@ class GeneratorPool:
         """Generators for batches ``first .. last``; ``floor``: the oldest policy version the
         learner can publish (the step it holds now: 0 fresh, the checkpoint's step resumed)."""
         self.cfg = cfg
+        GeneratorPool.made += 1
+        self.serial = GeneratorPool.made
         self.k = cfg.rollout.max_staleness
         self.rank = rank
         self.first, self.last, self.floor = first, last, floor
@@ -159,6 +168,7 @@ class GeneratorPool:
         self.error: BaseException | None = None
         self.procs: list[subprocess.Popen[bytes]] = []
         self.weights: bridge.Group | None = None
+        self.batches: bridge.Group | None = None
         self.published: set[int] = set()
         if rank != 0 or first > last:
             return
@@ -182,7 +192,6 @@ class GeneratorPool:
         for i in range(self.n):
             self.procs.append(self._spawn(out, host, kv.port, i))
         batches = bridge.group(kv, "batches", 0, self.n + 1, timeout)
-        self.weights = bridge.group(kv, "weights", 0, self.n + 1, timeout, backend=backend)
         self._store = kv
         hello = {
             "first": first,
@@ -193,12 +202,8 @@ class GeneratorPool:
             "stream": stream_state,
             "max_model_len": max_model_len,
         }
-        try:
-            for i in range(self.n):
-                batches.send(hello, i + 1, f"generator {i} to start")
-        except Exception:
-            self._blame_generator()
-            raise
+        batches.post("hello", bridge.dump(hello))
+        self.batches = batches
         self.thread = threading.Thread(
             target=self._receive, args=(batches,), name="dapo-batches", daemon=True
         )
@@ -236,12 +241,33 @@ class GeneratorPool:
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
         )
 
+    def _alive(self) -> None:
+        """Raise :class:`EngineError` if a generator process has exited before its work is done."""
+        if any(p.poll() not in (None, 0) for p in self.procs):
+            self._check()
+
     def _receive(self, batches: bridge.Group) -> None:
+        """Each batch from each generator, taken as soon as that generator says it is ready (a
+        store key), so that no generator waits inside a send for another's round."""
         try:
             for b in range(self.first, self.last + 1):
-                parts = [batches.recv(i + 1, f"generator {i}'s batch {b}") for i in range(self.n)]
+                parts: dict[int, Any] = {}
+                pause = 0.005
+                with topology.waiting_for(f"batch {b} from the generators"):
+                    while len(parts) < self.n:
+                        ready = [
+                            i
+                            for i in range(self.n)
+                            if i not in parts and batches.kv.check([f"batch/{b}/{i}"])
+                        ]
+                        for i in ready:
+                            parts[i] = batches.recv(i + 1, f"generator {i}'s batch {b}")
+                        if not ready:
+                            self._alive()
+                            time.sleep(pause)
+                        pause = 0.005 if ready else min(1.0, pause * 2)
                 with self.cond:
-                    self.received[b] = parts
+                    self.received[b] = [parts[i] for i in range(self.n)]
                     self.cond.notify_all()
         except BaseException as err:
             with self.cond:
@@ -353,16 +379,31 @@ class GeneratorPool:
             return False
         self.published.add(version)
         stream = named()
-        if self.weights is None:  # the learner's other ranks: take part in gathering only
+        if self.rank != 0 or self.first > self.last:  # the other ranks: take part in gathering only
             for _ in stream:
                 pass
             return True
         try:
+            if self.weights is None:
+                self.weights = self._join_weights()
             bridge.send_weights(self.weights, version, stream, header)
         except Exception:
             self._blame_generator()
             raise
         return True
+
+    def _join_weights(self) -> bridge.Group:
+        """The weights group, built once every generator has its engine (vLLM measures free
+        device memory while it starts; an NCCL communicator made meanwhile would skew it): each
+        generator says ``ready/<i>`` after its engine exists, the learner then says ``join`` and
+        all build the group together. The wait for the engines is on the host."""
+        assert self.batches is not None
+        for i in range(self.n):
+            self.batches.wait(f"ready/{i}", f"generator {i} to build its engine", self._alive)
+        self.batches.post("join")
+        return bridge.group(
+            self._store, "weights", 0, self.n + 1, self.cfg.train.dist_timeout_s, backend=self.weights_backend
+        )
 
     def _blame_generator(self, wait_s: float = 10.0) -> None:
         """After a failed exchange: if a generator process has died, say so (it is the cause)."""

@@ -352,8 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = args.weights_backend
     batches = bridge.group(kv, "batches", i + 1, n + 1, timeout)
     peers = bridge.group(kv, "generators", i, n, timeout)
-    weights = bridge.group(kv, "weights", i + 1, n + 1, timeout, backend=backend)
-    hello = batches.recv(bridge.LEARNER, "the learner's start message")
+    hello = bridge.load(batches.wait("hello", "the learner's start message"))
     first, last, k, learners = hello["first"], hello["last"], hello["k"], hello["learners"]
     floor = hello.get("floor", 0)  # the oldest version the learner can publish (a resume's step)
 
@@ -376,18 +375,22 @@ def main(argv: list[str] | None = None) -> int:
     stream = PromptStream(train.problems, seed=d.shuffle_seed)
     stream.load_state_dict(hello["stream"])
     versions = _Versions()
+    engine = _engine(cfg, i, hello["max_model_len"], tokenizer)
+    # the weights group only now that the engine exists (scale.disaggregated GeneratorPool._join_weights)
+    batches.post(f"ready/{i}")
+    batches.wait("join", "the learner to send its first policy version")
+    weights = bridge.group(kv, "weights", i + 1, n + 1, timeout, backend=backend)
 
     def receive() -> None:
         try:
-            for _ in versions_needed(first, last, k, cfg.rollout.partial, floor):
-                versions.put(*bridge.recv_weights(weights))
+            for v in versions_needed(first, last, k, cfg.rollout.partial, floor):
+                versions.put(v, bridge.recv_weights(weights, v))
             versions.finish()
         except BaseException as err:  # the main thread reports it
             versions.fail(err)
 
     receiver = threading.Thread(target=receive, name="dapo-generator-weights", daemon=True)
     receiver.start()
-    engine = _engine(cfg, i, hello["max_model_len"], tokenizer)
     trace_path = Path(args.run_dir) / "trace" / f"generator{i}.jsonl"
     step = [first]
 
@@ -454,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
             message["plan"] = [[list(x) for x in part] for part in plan]
             message["metrics"] = sampler.metrics()
             message["warnings"] = [str(w.message) for w in caught]
+        batches.post(f"batch/{b}/{i}")  # the learner receives it as soon as it sees this
         batches.send(message, bridge.LEARNER, f"the learner to take batch {b}")
     receiver.join(timeout)
     if (shutdown := getattr(engine, "shutdown", None)) is not None:

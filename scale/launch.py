@@ -104,8 +104,14 @@ def slurm_script(
     partition: str | None = None,
     hours: int = 72,
     env: dict[str, str] | None = None,
+    learners: int | None = None,
 ) -> str:
-    cmd = accelerate_command(config, nodes, gpus, "$SLURM_NODEID", "$MASTER_ADDR", overrides)
+    """An sbatch script that asks for ``gpus`` GPUs on each of ``nodes`` nodes (the whole node)
+    and starts ``learners`` training processes per node (default: one per GPU). A disaggregated
+    run starts fewer: its generators take the node's remaining GPUs, which SLURM must expose
+    to the job too, or they would land on the learners' devices."""
+    learners = gpus if learners is None else learners
+    cmd = accelerate_command(config, nodes, learners, "$SLURM_NODEID", "$MASTER_ADDR", overrides)
     lines = [
         "#!/bin/bash",
         "#SBATCH --job-name=dapo",
@@ -125,7 +131,13 @@ def slurm_script(
     ]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in (env or ENV).items()]
     lines += [
-        "# one launcher per node; accelerate starts the node's GPU processes",
+        "# one launcher per node; accelerate starts the node's training processes"
+        + (
+            f" ({learners} learners on GPUs 0-{learners - 1}; rank 0 starts the generators on GPUs "
+            f"{learners}-{gpus - 1})"
+            if learners < gpus
+            else ""
+        ),
         f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(shell_line(cmd))}",
     ]
     return "\n".join(lines) + "\n"
@@ -190,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_for_cli("dapo launch", args.config, args.overrides)
     if cfg is None:
         return 2
-    per_node = args.gpus_per_node
+    node_gpus = per_node = args.gpus_per_node
     if cfg.disaggregated:  # rank 0 starts the generators on its node, on the GPUs after its learners'
         if args.nodes > 1:
             print(
@@ -233,11 +245,12 @@ def main(argv: list[str] | None = None) -> int:
             text = slurm_script(
                 args.config,
                 args.nodes,
-                args.gpus_per_node,
+                node_gpus,  # the whole node: the generators' GPUs too
                 args.overrides,
                 args.partition,
                 args.hours,
                 env_vars,
+                learners=per_node,
             )
         else:
             words = (

@@ -387,15 +387,43 @@ def format_plan(pl: Plan, cfg, cluster: Cluster) -> str:
     return "\n".join(lines)
 
 
+def format_storage(storage: dict, cfg) -> str:
+    lines = ["host memory per node (GiB):"]
+    lines += [f"  {k:<48} {v:8.0f}" for k, v in storage["host_memory_per_node_gib"].items()]
+    have = storage["host_memory_available_gib"]
+    lines.append(f"  {'available':<48} " + ("unknown (--host-mem)" if math.isnan(have) else f"{have:8.0f}"))
+    lines.append(
+        f"checkpoints: {storage['checkpoint_gb']:,.0f} GB each (fp32 parameters and AdamW moments, 12 B per "
+        f"parameter); output.keep_checkpoints={cfg.output.keep_checkpoints}: "
+        f"{storage['checkpoints_kept_gb']:,.0f} GB"
+    )
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dapo.cliargs import Float, Int, Parser
 
     from .cli import config_arguments
+    from .fit import GPUS
 
+    GPU_NAMES = list(GPUS)
     ap = Parser(prog="dapo plan", description="Memory and step-time estimate of a run.")
     config_arguments(ap)
     ap.add_argument("--gpus", type=Int(lo=1), required=True, help="GPUs per node")
-    ap.add_argument("--gpu-mem", type=Float(lo=0.0, lo_open=True), required=True, help="GiB per GPU")
+    ap.add_argument("--gpu-mem", type=Float(lo=0.0, lo_open=True), default=None, help="GiB per GPU")
+    ap.add_argument(
+        "--gpu-type",
+        type=str.lower,
+        choices=GPU_NAMES,
+        default=None,
+        help=f"a named GPU ({', '.join(GPU_NAMES)}): its memory, and its DGX node's host memory",
+    )
+    ap.add_argument(
+        "--host-mem",
+        type=Float(lo=0.0, lo_open=True),
+        default=None,
+        help="host memory per node in GiB (default: the --gpu-type's DGX node; unchecked without either)",
+    )
     ap.add_argument("--nodes", type=Int(lo=1), default=1, help="nodes (default 1)")
     ap.add_argument(
         "--gpu-tflops",
@@ -459,15 +487,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from dapo.cliargs import UsageError
+
+    from . import fit
     from .config import load_for_cli
 
     cfg = load_for_cli("dapo plan", args.config, args.overrides)
     if cfg is None:
         return 2
+    if (args.gpu_mem is None) == (args.gpu_type is None):
+        raise UsageError("give one of --gpu-mem (GiB per GPU) or --gpu-type")
+    gpu = (
+        fit.gpu_type(args.gpu_type)
+        if args.gpu_type
+        else fit.GpuType(f"{args.gpu_mem:g} GiB GPU", args.gpu_mem, math.nan)
+    )
+    if args.host_mem is not None:
+        gpu = fit.GpuType(gpu.name, gpu.memory_gib, args.host_mem)
     cluster = Cluster(
         args.nodes,
         args.gpus,
-        args.gpu_mem,
+        gpu.memory_gib,
         args.gpu_tflops,
         args.mfu,
         args.decode_tokens_per_s,
@@ -489,14 +529,33 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"dapo plan: {err}", file=sys.stderr)
         return 2
+    if cfg.disaggregated:  # plan() sizes a colocated engine; a generator has a GPU of its own
+        pl.problems += fit.problems(cfg, gpu)
+    host = fit.host_bytes(cfg, pl.params, nodes=args.nodes, gpus_per_node=args.gpus)
+    host_total = sum(host.values())
+    if host_total > gpu.host_gib * GiB:
+        pl.problems.append(
+            f"host memory: {host_total / GiB:.0f} GiB per node > {gpu.host_gib:g} GiB ("
+            + ", ".join(f"{k} {v / GiB:.0f}" for k, v in host.items() if v)
+            + ")"
+        )
+    pl.fits = not pl.problems
+    ckpt = fit.checkpoint_bytes(pl.params)
+    storage = {
+        "host_memory_per_node_gib": {k: v / GiB for k, v in host.items()},
+        "host_memory_available_gib": gpu.host_gib,
+        "checkpoint_gb": ckpt / 1e9,
+        "checkpoints_kept_gb": cfg.output.keep_checkpoints * ckpt / 1e9,
+    }
     sel = (
         selection_saving(cfg, cluster, strategy, args.selection_acceptance)
         if args.selection_acceptance is not None
         else None
     )
     if args.json:
-        print(json.dumps({**asdict(pl), "placement": asdict(place), "selection": sel}, indent=2))
+        print(json.dumps({**asdict(pl), **storage, "placement": asdict(place), "selection": sel}, indent=2))
     else:
-        text = format_plan(pl, cfg, cluster) + "\n\n" + format_placement(place)
+        text = format_plan(pl, cfg, cluster) + "\n\n" + format_storage(storage, cfg)
+        text += "\n\n" + format_placement(place)
         print(text + ("\n\n" + format_selection(sel) if sel else ""))
     return 0 if pl.fits else 1

@@ -119,6 +119,31 @@ def barrier() -> None:
         dist.barrier()
 
 
+def announce(key: str) -> None:
+    """Put ``key`` in the default group's store (the launcher's), for :func:`wait_announced`
+    on the other ranks (a no-op on one process)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    if _initialized():
+        c10d._get_default_store().set(f"dapo/{key}", b"")
+
+
+def wait_announced(key: str, what: str) -> None:
+    """Wait on the host until some rank has :func:`announce`d ``key``: a wait that may last a
+    generation round (rank 0 waiting for the generators) is done here rather than inside a
+    collective that ``train.dist_timeout_s`` would cut short. Reported when long
+    (:func:`waiting_for`); a rank that dies ends the job through the launcher and the heartbeat."""
+    import torch.distributed.distributed_c10d as c10d
+
+    if not _initialized():
+        return
+    kv, pause = c10d._get_default_store(), 0.005
+    with waiting_for(what):
+        while not kv.check([f"dapo/{key}"]):
+            time.sleep(pause)
+            pause = min(1.0, pause * 2)
+
+
 def all_max(value: float, device: Any = "cpu") -> Any:
     """The largest ``value`` over ranks (itself on one process); an int for ints."""
     import torch

@@ -49,7 +49,7 @@ from dapo.health.knobs import from_config
 from dapo.prompt_selection import PromptSelection, parse_spec
 from dapo.sampling import SamplingWarning
 
-from . import bridge, heartbeat
+from . import bridge, heartbeat, topology
 from . import checkpoint as ckpt
 from .config import RunConfig
 from .data import DataError, ProblemSet, PromptStream, contamination, prepare_problems
@@ -446,8 +446,12 @@ class Trainer:
         step = self.step + 1
         outgoing: dict[int, bytes] = {}
         m: dict[str, float] = {}
+        taken = f"pool{self.pool.serial}/taken/{step}"
+        if self.rank != 0:  # rank 0 may wait a generation round: wait on the host, not in the all-gather
+            topology.wait_announced(taken, f"rank 0 to take batch {step} from the generators")
         if self.rank == 0:
             msgs, idle = self.pool.take(step)
+            topology.announce(taken)
             self.stream.load_state_dict(msgs[-1]["stream"])
             m = dict(msgs[0]["metrics"])
             for line in msgs[0].get("warnings", []):
@@ -713,8 +717,14 @@ class Trainer:
         state: dict[str, Any] = {"rng": ckpt.rng_state(), "stream": self.stream.state_dict()}
         if self.selection is not None:
             state["selection"] = self.selection.state_dict()
+        held_key = f"pool{self.pool.serial}/held/{self.step}" if self.pool is not None else ""
+        if self.pool is not None and self.rank != 0:  # rank 0 waits for k batches: on the host here
+            topology.wait_announced(
+                held_key, f"rank 0 to receive the batches in flight after step {self.step}"
+            )
         if self.pool is not None and self.rank == 0:
             held = self.pool.in_flight(self.step)
+            topology.announce(held_key)
             state["in_flight"] = held
             state["stream_at_step"] = state["stream"]  # before the held batches' prompts
             if held:

@@ -195,6 +195,15 @@ def test_launch_places_a_disaggregated_run_on_one_node(capsys):
     )
     out, err = capsys.readouterr()
     assert "--nproc-per-node 6" in out and "6 learner GPU(s) and 2 generator GPU(s)" in err
+    # SLURM: the job holds the whole node (the generators' GPUs exist in it) and starts 6 learners
+    assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "1", "--gpus-per-node", "8", *dis]) == 0
+    script = capsys.readouterr().out
+    assert "#SBATCH --gpus-per-node=8" in script
+    assert "--num_processes 6" in script and "--num_machines 1" in script
+    assert "GPUs 6-7" in script
+    from scale.disaggregated import generator_gpus
+
+    assert generator_gpus(8, 6, 2) == ([6, 7], False)  # what rank 0 then sees: its own GPUs for them
     assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "2", *dis]) == 2
     assert "one node" in capsys.readouterr().err
     assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "1", "--gpus-per-node", "2", *dis]) == 2

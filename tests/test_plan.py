@@ -161,3 +161,74 @@ def test_selection_saving_counts_the_rounds_a_higher_acceptance_removes(capsys):
     assert json.loads(capsys.readouterr().out)["selection"]["acceptance_with"] == 0.25
     assert main([*args, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["selection"] is None
+
+
+DISAGGREGATED = [
+    "rollout.mode=disaggregated",
+    "rollout.generators=2",
+    "eval.every=0",
+    "algo.train_groups=6",
+    "algo.mini_batch_groups=6",
+    "rollout.gen_groups=6",
+    "rollout.tensor_parallel=1",
+]
+
+
+def test_a_generator_s_engine_is_sized_by_its_weights_and_one_sequence_s_kv_cache():
+    """Qwen2.5-32B: 64 layers x 8 KV heads x 128 dims x 2 (K and V) x 2 B = 256 KiB per token, so
+    a 20,480-token response holds 5 GiB; bf16 weights 2 B per parameter. At TP 1 on an 80 GB
+    GPU at 0.8 they need 67 GiB of 63.4: refused, with the term named; at TP 2, on an H200, or
+    at utilization 0.9 the same engine fits."""
+    from scale.fit import GPUS, engine_gib, problems, smallest_tp
+
+    cfg = load("qwen2.5-32b-dapo", DISAGGREGATED)
+    g = engine_gib(cfg)
+    assert g["kv_one_sequence"] == pytest.approx(20480 * 64 * 8 * 128 * 2 * 2 / GiB)
+    assert g["weights"] == pytest.approx(2 * KNOWN["Qwen/Qwen2.5-32B"].params() / GiB)
+    (line,) = problems(cfg, GPUS["h100-80gb"])
+    assert "KV cache (5.0 GiB)" in line and "63.4 GiB" in line and "tensor_parallel >= 2" in line
+    assert "not supported yet" in line  # a disaggregated generator runs at TP 1: said, not hidden
+    assert smallest_tp(cfg, GPUS["h100-80gb"].memory_gib) == 2
+    assert problems(cfg, GPUS["h200"]) == []
+    assert (
+        problems(
+            load("qwen2.5-32b-dapo", [*DISAGGREGATED, "rollout.gpu_memory_utilization=0.9"]),
+            GPUS["h100-80gb"],
+        )
+        == []
+    )
+    # the colocated preset (TP 4) fits even a 40 GB A100's engine share; at TP 1 it would not
+    assert problems(load("qwen2.5-32b-dapo"), GPUS["a100-40gb"]) == []
+    (tp1,) = problems(load("qwen2.5-32b-dapo", ["rollout.tensor_parallel=1"]), GPUS["a100-40gb"])
+    assert "weights (61.0 GiB per GPU) exceed" in tp1 and "rollout.tensor_parallel=4 fits" in tp1
+
+
+def test_plan_and_validate_only_refuse_what_cannot_fit_before_any_model_loads(capsys, tmp_path):
+    from scale.cli import train_main
+    from scale.plan import main
+
+    argv = ["--config", "qwen2.5-32b-dapo", "--gpus", "8", "--gpu-type", "h100-80gb", *DISAGGREGATED]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out and "generator(s) on H100 80GB" in out
+    assert "versions held by the generators (rank 0's node)" in out and "checkpoints: 393 GB each" in out
+    assert main([*argv, "--json"]) == 1
+    got = json.loads(capsys.readouterr().out)
+    held = got["host_memory_per_node_gib"]["versions held by the generators (rank 0's node)"]
+    k = load("qwen2.5-32b-dapo", DISAGGREGATED).rollout.max_staleness
+    assert held == pytest.approx(2 * (k + 2) * 2 * KNOWN["Qwen/Qwen2.5-32B"].params() / GiB)  # 2 generators
+    assert got["checkpoints_kept_gb"] == pytest.approx(3 * got["checkpoint_gb"])
+    # host memory: a node with too little is refused by its term
+    assert main([*argv[:-7], "--nodes", "16", "--host-mem", "100"]) == 1
+    assert "host memory: " in capsys.readouterr().out
+    assert (
+        train_main(
+            ["--config", "qwen2.5-32b-dapo", "--validate-only", "--gpu-type", "h100-80gb", *DISAGGREGATED]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("dapo train: does not fit: each of rollout.generators=2") and err.count("\n") == 1
+    with pytest.raises(SystemExit):
+        main(["--config", "qwen2.5-32b-dapo", "--gpus", "8", "--gpu-type", "b999"])
+    assert "--gpu-type" in capsys.readouterr().err

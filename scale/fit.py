@@ -1,0 +1,152 @@
+"""Does a rollout engine fit its GPU? The arithmetic that refuses a layout before any model loads.
+
+vLLM refuses to start when its weights and the KV cache of one sequence at ``max_model_len``
+do not fit in ``gpu_memory_utilization`` of the device ("... is larger than the available KV
+cache memory", or "Free memory on device ... is less than desired GPU memory utilization"),
+and it says so only after the model files have been read, minutes into a run. Per engine GPU:
+
+* weights: ``2 * params / tensor_parallel`` bytes (bf16, split over the engine's GPUs);
+* the KV cache of one sequence at the engine's context: ``2 * layers * kv_heads * head_dim *
+  2 B`` per token, split over the engine's GPUs (the least vLLM demands: one sequence must fit);
+* the profiler's activation reserve (:data:`ACTIVATION_RESERVE_GIB`, an assumption);
+
+against ``gpu_memory_utilization * device memory``. The context used is
+``rollout.max_model_len`` when set, else ``algo.max_len`` alone (no prompt): a lower bound of
+what the run asks, so a layout refused here cannot fit at any prompt length.
+
+A disaggregated generator holds each version it receives in host memory until its engine
+takes it: up to ``max_staleness + 2`` versions of bf16 weights per generator, all on rank
+0's node (:func:`host_bytes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 1024**3
+
+ACTIVATION_RESERVE_GIB = 1.0
+"""What vLLM's memory profiling keeps for activations and sampling beside weights and KV cache
+(an assumption: it depends on ``max_num_batched_tokens`` and the model)."""
+
+
+@dataclass(frozen=True)
+class GpuType:
+    name: str
+    memory_gib: float
+    """Device memory as the driver reports it (``torch.cuda.get_device_properties().total_memory``)."""
+    host_gib: float
+    """Host memory of the vendor's 8-GPU node (DGX), per node: an assumption, overridden by ``--host-mem``."""
+
+
+GPUS: dict[str, GpuType] = {
+    "a100-40gb": GpuType("A100 40GB", 39.4, 1024.0),
+    "a100-80gb": GpuType("A100 80GB", 79.2, 2048.0),
+    "h100-80gb": GpuType("H100 80GB", 79.2, 2048.0),
+    "h200": GpuType("H200 141GB", 139.8, 2048.0),
+}
+
+
+def gpu_type(name: str) -> GpuType:
+    key = name.lower()
+    if key not in GPUS:
+        raise ValueError(f"unknown GPU type {name!r}: one of {', '.join(GPUS)}")
+    return GPUS[key]
+
+
+def engine_context(cfg) -> int:
+    """The engine context the arithmetic assumes (see the module docstring)."""
+    return int(cfg.rollout.max_model_len or cfg.algo.max_len)
+
+
+def engine_gib(cfg, *, tensor_parallel: int | None = None) -> dict[str, float]:
+    """Per engine GPU (GiB): its weights, one sequence's KV cache at the context, the reserve."""
+    from .plan import arch_for
+
+    a = arch_for(cfg.model.path)
+    tp = tensor_parallel or cfg.rollout.tensor_parallel
+    return {
+        "weights": 2 * a.params() / tp / GiB,
+        "kv_one_sequence": a.kv_bytes_per_token() * engine_context(cfg) / tp / GiB,
+        "activation_reserve": ACTIVATION_RESERVE_GIB,
+    }
+
+
+def engine_problem(cfg, memory_gib: float, what: str, tensor_parallel: int | None = None) -> str | None:
+    """One line naming the term that does not fit in ``gpu_memory_utilization`` of a
+    ``memory_gib`` device, or None. ``what`` names the engine (a generator, the colocated one)."""
+    tp = tensor_parallel or cfg.rollout.tensor_parallel
+    g = engine_gib(cfg, tensor_parallel=tp)
+    util = cfg.rollout.gpu_memory_utilization
+    budget = util * memory_gib
+    where = (
+        f"rollout.gpu_memory_utilization={util:g} x {memory_gib:g} GiB = {budget:.1f} GiB per GPU "
+        f"at rollout.tensor_parallel={tp}"
+    )
+    if g["weights"] > budget:
+        return f"{what}: the vLLM weights ({g['weights']:.1f} GiB per GPU) exceed {where}"
+    need = sum(g.values())
+    if need > budget:
+        return (
+            f"{what}: the vLLM weights ({g['weights']:.1f} GiB) plus one {engine_context(cfg)}-token "
+            f"sequence's KV cache ({g['kv_one_sequence']:.1f} GiB) plus its activation reserve "
+            f"({g['activation_reserve']:g} GiB) need {need:.1f} GiB per GPU, more than {where}"
+        )
+    return None
+
+
+def smallest_tp(cfg, memory_gib: float, limit: int = 8) -> int | None:
+    """The smallest power-of-two ``rollout.tensor_parallel`` (up to ``limit``) at which the
+    engine fits, or None."""
+    tp = 1
+    while tp <= limit:
+        if engine_problem(cfg, memory_gib, "", tp) is None:
+            return tp
+        tp *= 2
+    return None
+
+
+def problems(cfg, gpu: GpuType) -> list[str]:
+    """Every engine term that cannot fit on ``gpu``, one line each (empty: it fits)."""
+    what = (
+        f"each of rollout.generators={cfg.rollout.generators} generator(s)"
+        if cfg.disaggregated
+        else "the colocated engine"
+    )
+    p = engine_problem(cfg, gpu.memory_gib, f"{what} on {gpu.name}")
+    if p is None:
+        return []
+    tp = smallest_tp(cfg, gpu.memory_gib)
+    if tp is None:
+        return [p + "; no tensor_parallel up to 8 fits"]
+    if cfg.disaggregated and tp > 1:
+        return [
+            p
+            + f"; it needs tensor_parallel >= {tp}, and a disaggregated generator runs at 1 (not supported yet)"
+        ]
+    return [p + f"; rollout.tensor_parallel={tp} fits"]
+
+
+def host_bytes(cfg, params: int, *, nodes: int, gpus_per_node: int) -> dict[str, float]:
+    """Host memory per node (bytes), by term: offloaded trainer state (fp32 parameters,
+    gradients and AdamW moments, 16 B per parameter, over the nodes) under
+    ``train.fsdp_offload``; the colocated engines' sleep backups (their bf16 weights, each
+    engine GPU's share); a disaggregated run's versions held by the generators (on rank 0's
+    node); rank 0's full fp32 copy while it loads and shards the model."""
+    r = cfg.rollout
+    terms = {
+        "offloaded trainer state": 16 * params / nodes if cfg.train.fsdp_offload else 0.0,
+        "rank 0 loading the fp32 model": 4 * params,
+    }
+    if cfg.disaggregated:
+        terms["versions held by the generators (rank 0's node)"] = (
+            r.generators * (r.max_staleness + 2) * 2 * params
+        )
+    elif r.engine == "vllm" and r.sleep_during_training:
+        terms["vLLM sleep backups"] = gpus_per_node * 2 * params / r.tensor_parallel
+    return terms
+
+
+def checkpoint_bytes(params: int) -> float:
+    """One checkpoint: fp32 parameters and both AdamW moments (12 B per parameter)."""
+    return 12.0 * params
