@@ -12,10 +12,13 @@ checked to run on the device (``DAPO_CHECK_COLLECTIVES=1``):
 * ``load``: the shards in host memory (offload), nothing left on meta;
 * ``engine``: tensor parallelism ``min(2, world)``, which weight-load path the engine's
   workers offer, the launch environment accepted;
-* two full cycles of generate (enough sequences to fill the KV cache) -> global dynamic
+* three full cycles of generate (enough sequences to fill the KV cache) -> global dynamic
   sampling (the all-gathered reports) -> the point-to-point exchange of each rank's share ->
-  sleep (memory freed) -> DAPO update -> streaming weight sync -> wake, and the engine/trainer
-  log-prob gap of the next cycle's tokens (``mismatch/logp_gap`` mean and max);
+  sleep (memory freed) -> DAPO update -> a known perturbation of the weights -> streaming
+  weight sync -> wake, and the engine/trainer log-prob gap of the next cycle's tokens
+  (``mismatch/logp_gap`` mean and max): below the threshold after each sync, and above it in
+  the last cycle, whose version was not sent (the control: the gap can see a sync that does
+  nothing);
 * a DCP save and load round trip of the sharded model and optimizer.
 
 ``--disaggregated`` checks the disaggregated placement instead (run it without torchrun: it
@@ -159,6 +162,26 @@ def _kv_capacity_tokens(engine: Any) -> int | None:
         return None
 
 
+CYCLES = 3
+"""Generate -> update -> sync cycles: the last one's engine was not sent the version before it."""
+PERTURB_STD = 0.02
+"""The noise added to every weight after an update (Qwen2.5's initializer range), so that each
+sync must change what the engine holds: at the preset's lr (1e-6) one AdamW step changes no
+weight by a bf16 step, and a sync that loaded nothing would pass unseen."""
+
+
+def perturb(module: Any, seed: int) -> None:
+    """Add N(0, PERTURB_STD^2) to every parameter (each rank to its own shard, seeded)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1_000_003 * (seed + 1) + int(os.environ.get("RANK", "0")))
+    with torch.no_grad():
+        for p in module.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            noise = torch.randn(local.shape, generator=g, dtype=torch.float32)
+            local.add_(noise.to(local.device, local.dtype), alpha=PERTURB_STD)
+
+
 def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     import torch
 
@@ -281,7 +304,7 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     fill = n_prompts * GROUP * per_seq / capacity if capacity else None
     cycles = []
     vocab = shape["vocab_size"]
-    for cycle in range(2):
+    for cycle in range(CYCLES):
         c: dict[str, Any] = {}
         prompts = [[rng.randrange(10, vocab - 1) for _ in range(args.prompt)] for _ in range(n_prompts)]
         sampler = GlobalDynamicSampler(cfg.algo, me, comm, step=cycle)
@@ -334,14 +357,22 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
         c["loss"] = m.get("actor/loss")
         c["logp_gap_mean"] = m.get("mismatch/logp_gap")
         c["logp_gap_max"] = m.get("mismatch/logp_gap_max")
-        stats = sync_engine()
-        c["sync"] = {
-            "seconds": round(stats.seconds, 3),
-            "peak_extra_gib": _gib(stats.peak_bytes),
-            "largest_tensor_gib": _gib(stats.largest_tensor_bytes),
-            "within_2x_bucket_or_largest": stats.peak_bytes
-            <= 2 * max(cfg.rollout.sync_bucket_mb * MIB, stats.largest_tensor_bytes),
-        }
+        if (
+            cycle < CYCLES - 1
+        ):  # a step the engine must take (the preset's lr alone is below bf16's resolution)
+            perturb(inner, seed=cycle)
+        if cycle == CYCLES - 2:  # the control: this version is not sent; the next cycle's gap must see it
+            engine.wake()
+            c["sync"] = None
+        else:
+            stats = sync_engine()
+            c["sync"] = {
+                "seconds": round(stats.seconds, 3),
+                "peak_extra_gib": _gib(stats.peak_bytes),
+                "largest_tensor_gib": _gib(stats.largest_tensor_bytes),
+                "within_2x_bucket_or_largest": stats.peak_bytes
+                <= 2 * max(cfg.rollout.sync_bucket_mb * MIB, stats.largest_tensor_bytes),
+            }
         cycles.append(c)
     report["cycles"] = cycles
     report["prompts_per_round"] = n_prompts
@@ -375,18 +406,31 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
         [(c["optimizer_steps"], c["loss"]) for c in cycles],
         ">= 1 step, finite loss, each cycle",
     )
+    synced = [c["sync"] for c in cycles if c["sync"] is not None]
     v.add(
         "sync: memory within 2x the bucket",
-        all(c["sync"]["within_2x_bucket_or_largest"] for c in cycles),
-        [c["sync"]["peak_extra_gib"] for c in cycles],
+        all(x["within_2x_bucket_or_largest"] for x in synced),
+        [x["peak_extra_gib"] for x in synced],
         "peak extra <= 2 x max(bucket, largest tensor)",
     )
     gaps = [(c["logp_gap_mean"], c["logp_gap_max"]) for c in cycles]
     v.add(
-        "engine = trainer after the sync (log-prob gap)",
-        all(a is not None and b is not None and a < args.max_gap_mean and b < args.max_gap for a, b in gaps),
-        gaps,
-        f"mean < {args.max_gap_mean}, max < {args.max_gap} (bf16 both sides), each cycle",
+        "engine = trainer after each sync (log-prob gap)",
+        all(
+            a is not None and b is not None and a < args.max_gap_mean and b < args.max_gap
+            for a, b in gaps[:-1]
+        ),
+        gaps[:-1],
+        f"mean < {args.max_gap_mean}, max < {args.max_gap} (bf16 both sides): cycle 1 after the first sync, "
+        f"cycle 2 after a sleep, a perturbed update (weights + N(0, {PERTURB_STD}^2)) and its sync",
+    )
+    control = gaps[-1][0]
+    v.add(
+        "control: the gap sees a version the engine was not sent",
+        control is not None and control >= args.max_gap_mean,
+        gaps[-1],
+        f"mean >= {args.max_gap_mean} in cycle 3, whose perturbed weights were not synced (else the item "
+        "above could not see a sync that does nothing)",
     )
 
     before = {n: p.detach().full_tensor().float().cpu() for n, p in list(inner.named_parameters())[:3]}
@@ -511,12 +555,13 @@ def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
         tail = lines[-1][:300] if lines else ""
     v.add(
         "disaggregated: placement and weight transport",
-        None if not cuda or shared else True,
+        None if not cuda or shared else (rc == [0] and len(rows) == DISAGGREGATED_STEPS),
         f"{learners} learner(s) on GPUs 0..{learners - 1}, the generator on GPU {placed}, weights over "
         f"{backend}"
         if cuda
         else f"{learners} learner + 1 generator process on CPU, weights over gloo",
-        "the generator on its own GPU, weights over NCCL (a shared GPU or a CPU run cannot show it)",
+        "the generator on its own GPU, weights over NCCL, and the run finished (a shared GPU or a CPU run "
+        "cannot show it)",
     )
     v.add(
         f"disaggregated: {DISAGGREGATED_STEPS} steps, k = 2, partial rollouts, exit 0",

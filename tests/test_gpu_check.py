@@ -44,7 +44,7 @@ def test_the_gpu_check_runs_end_to_end_on_cpu_and_gives_a_verdict_per_item(tmp_p
     r = json.loads(out.read_text())
     assert "error" not in r, r.get("traceback")
     verdicts = {x["item"]: x["verdict"] for x in r["items"]}
-    assert len(verdicts) == 11 and r["failed"] == [], r["items"]
+    assert len(verdicts) == 12 and r["failed"] == [], r["items"]
     # what a CPU cannot show is said, not passed
     assert verdicts["sleep frees engine memory"] == "skipped"
     assert verdicts["load: FSDP2 shards offloaded to host memory"] == "skipped"
@@ -54,9 +54,66 @@ def test_the_gpu_check_runs_end_to_end_on_cpu_and_gives_a_verdict_per_item(tmp_p
         if k not in ("sleep frees engine memory", "load: FSDP2 shards offloaded to host memory")
     )
     assert r["launch_env_set"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-    assert [c["optimizer_steps"] for c in r["cycles"]] == [1, 1]
+    assert [c["optimizer_steps"] for c in r["cycles"]] == [1, 1, 1]
+    gaps = [c["logp_gap_mean"] for c in r["cycles"]]
+    assert max(gaps[:2]) < 0.05 <= gaps[2]  # synced versions agree; the unsent one is seen
     table = ranks[0].stdout
     assert re.search(r"point-to-point exchange of the shares +pass", table) and "passed; details in" in table
+
+
+BREAK_SYNC = """
+import runpy, sys
+sys.path.insert(0, {root!r})
+import scale.sync as s
+
+real, calls = s.sync, []
+
+
+def sync(engine, lm, **kw):  # the first sync loads; every later one does nothing but wake the engine
+    calls.append(1)
+    if len(calls) == 1:
+        return real(engine, lm, **kw)
+    engine.wake()
+    return s.SyncStats()
+
+
+s.sync = sync
+sys.argv = [{script!r}, *sys.argv[1:]]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def test_the_gpu_check_fails_a_sync_that_does_nothing_after_sleep_and_wake(tmp_path, monkeypatch):
+    """The false pass of issue 47: a sync that loads nothing after the first passed, because one
+    step at the preset's lr changes no bf16 weight. With the perturbed update it fails, by name;
+    the control still sees its unsent version."""
+    from multiproc import MultiprocessError
+
+    monkeypatch.setenv("TORCH_GLOO_LAZY_INIT", "1")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    wrapper = tmp_path / "broken_sync.py"
+    wrapper.write_text(BREAK_SYNC.format(root=str(ROOT), script=str(ROOT / "benchmarks/gpu_check.py")))
+    out = tmp_path / "gpu_check.json"
+    args = [
+        "--cpu",
+        "--layers",
+        "2",
+        "--vocab",
+        "2048",
+        "--response",
+        "24",
+        "--prompt",
+        "8",
+        "--bucket-mb",
+        "4",
+    ]
+    with pytest.raises(MultiprocessError):
+        run_script([str(wrapper), *args, "--max-tokens", "96", "--out", str(out)], nproc=2, timeout_s=420)
+    r = json.loads(out.read_text())
+    assert "error" not in r, r.get("traceback")
+    verdicts = {x["item"]: x["verdict"] for x in r["items"]}
+    assert r["failed"] == ["engine = trainer after each sync (log-prob gap)"], r["items"]
+    assert verdicts["control: the gap sees a version the engine was not sent"] == "pass"
 
 
 def test_the_gpu_checks_disaggregated_phase_runs_on_cpu_and_gives_a_verdict_per_item(tmp_path):
