@@ -323,3 +323,81 @@ def test_a_generator_does_not_wait_for_a_version_that_cannot_arrive():
     v = _Versions()
     threading.Timer(0.3, lambda: v.put(2, [("w", torch.ones(1))])).start()
     assert torch.equal(v.take(2)[0][1], torch.ones(1))  # a version still due is waited for
+
+
+SLOW_GENERATOR = """
+# sitecustomize for the slow-generator test: in a generator process (no RANK: the learner's
+# ranks have one), every generation call of the HF engine sleeps first
+import importlib.abc, importlib.util, os, sys, time
+
+DELAY = float(os.environ["DAPO_TEST_GENERATE_DELAY_S"])
+
+
+class _Slow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "scale.engines.hf" or "RANK" in os.environ:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            real = module.HFEngine.generate
+
+            def generate(self, *args, **kwargs):
+                time.sleep(DELAY)
+                return real(self, *args, **kwargs)
+
+            module.HFEngine.generate = generate
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Slow())
+"""
+
+
+def test_a_generation_round_longer_than_the_collective_timeout_completes(tiny, tmp_path):
+    """Issue 47, finding 4: every wait across the learner/generator boundary was a collective
+    capped by ``train.dist_timeout_s``. Here that timeout is 4 s, each generation call of the
+    generator takes over 6 s, k = 0 (each step waits a whole round), and there are 2 learner
+    ranks (the second waits while rank 0 waits for the batch): the run completes, because
+    those waits are on the host now."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_GENERATOR)
+    run = tmp_path / "run"
+    slow = ("rollout.generators=1", "rollout.max_staleness=0", "train.steps=2", "train.dist_timeout_s=4")
+    env = {
+        "DAPO_TEST_GENERATE_DELAY_S": "6",
+        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        t0 = time.monotonic()
+        run_script(
+            [
+                "-m",
+                "dapo.cli",
+                *BASE,
+                "--quiet",
+                *overrides(tiny, run, *DISAGG, *slow, "algo.mini_batch_groups=4"),
+            ],
+            nproc=2,
+            timeout_s=400,
+            dist_timeout_s=4,
+        )
+        took = time.monotonic() - t0
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    rows = metrics(run)
+    assert len(rows) == 2
+    assert all(r["async/trainer_idle_s"] > 4 for r in rows)  # each wait outlasted the timeout
+    assert took > 12
