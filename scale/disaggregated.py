@@ -119,17 +119,24 @@ def _host() -> str:
     return os.environ.get("DAPO_BRIDGE_ADDR") or os.environ.get("MASTER_ADDR") or socket.gethostname()
 
 
-def generator_gpus(gpus: int, learners_here: int, generators: int) -> tuple[list[int], bool]:
-    """Which GPU of rank 0's node each generator process gets, and whether they share GPUs with
-    the learners. The GPUs after the learners' when there are enough (each generator its own
-    device, weights over NCCL); otherwise generator ``i`` shares GPU ``(learners_here + i) %
-    gpus`` (a one-GPU check, a small node). NCCL refuses two members of one communicator on the
-    same device, so shared placements send weights through host memory (gloo): slower, and
-    what :func:`scale.plan.placement` does not model."""
+def generator_gpus(gpus: int, learners_here: int, generators: int, tp: int = 1) -> tuple[list[int], bool]:
+    """Which GPU of rank 0's node each generator process gets (``generators * tp`` of them:
+    generator ``i``'s tensor-parallel processes are ``i * tp .. i * tp + tp - 1``), and whether
+    they share GPUs with the learners. The GPUs after the learners' when there are enough
+    (each process its own device, weights over NCCL); otherwise, at ``tp = 1`` only, generator
+    ``i`` shares GPU ``(learners_here + i) % gpus`` (a one-GPU check, a small node). NCCL refuses
+    two members of one communicator on the same device, so shared placements send weights
+    through host memory (gloo): slower, and what :func:`scale.plan.placement` does not model."""
     if gpus < 1:
         raise ValueError(f"no GPU to place {generators} generator(s) on")
-    if gpus >= learners_here + generators:
-        return [learners_here + i for i in range(generators)], False
+    procs = generators * tp
+    if gpus >= learners_here + procs:
+        return [learners_here + g for g in range(procs)], False
+    if tp > 1:
+        raise ValueError(
+            f"{generators} generator(s) at rollout.tensor_parallel={tp} need {procs} GPUs of their own "
+            f"after the {learners_here} learner(s); this node has {gpus}"
+        )
     return [(learners_here + i) % gpus for i in range(generators)], True
 
 
@@ -163,6 +170,9 @@ class GeneratorPool:
         """Batches taken over from a checkpoint (sampled on its schedule, not this pool's)."""
         self.log = log
         self.n = cfg.rollout.generators
+        self.tp = cfg.rollout.tensor_parallel
+        """Processes per generator (one engine across them); generator ``i``'s first is its
+        leader, the one that sends its batches (bridge rank ``1 + i * tp``)."""
         self.received: dict[int, list[dict[str, Any]]] = {}
         self.cond = threading.Condition()
         self.error: BaseException | None = None
@@ -175,12 +185,13 @@ class GeneratorPool:
         out = Path(cfg.output.dir)
         timeout = cfg.train.dist_timeout_s
         host = _host()
-        kv = bridge.store("0.0.0.0", 0, is_master=True, members=self.n + 1, timeout_s=timeout)
+        members = self.n * self.tp + 1
+        kv = bridge.store("0.0.0.0", 0, is_master=True, members=members, timeout_s=timeout)
         self.gpus: list[int] = []
         backend = "gloo"
         if torch.cuda.is_available():
             here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-            self.gpus, shared = generator_gpus(torch.cuda.device_count(), here, self.n)
+            self.gpus, shared = generator_gpus(torch.cuda.device_count(), here, self.n, self.tp)
             backend = "gloo" if shared else "nccl"
             if shared:
                 log(
@@ -190,8 +201,9 @@ class GeneratorPool:
                 )
         self.weights_backend = backend
         for i in range(self.n):
-            self.procs.append(self._spawn(out, host, kv.port, i))
-        batches = bridge.group(kv, "batches", 0, self.n + 1, timeout)
+            for j in range(self.tp):
+                self.procs.append(self._spawn(out, host, kv.port, i, j))
+        batches = bridge.group(kv, "batches", 0, members, timeout)
         self._store = kv
         hello = {
             "first": first,
@@ -209,8 +221,13 @@ class GeneratorPool:
         )
         self.thread.start()
 
-    def _spawn(self, out: Path, host: str, port: int, i: int) -> subprocess.Popen[bytes]:
-        log = open(out / f"generator{i}.log", "ab")
+    def _log(self, g: int) -> Path:
+        """Generator process ``g``'s log: ``generator<i>.log`` (its leader), ``generator<i>-tp<j>.log``."""
+        i, j = divmod(g, self.tp)
+        return Path(self.cfg.output.dir) / (f"generator{i}.log" if j == 0 else f"generator{i}-tp{j}.log")
+
+    def _spawn(self, out: Path, host: str, port: int, i: int, j: int) -> subprocess.Popen[bytes]:
+        log = open(self._log(i * self.tp + j), "ab")
         cmd = [
             sys.executable,
             "-m",
@@ -225,16 +242,21 @@ class GeneratorPool:
             str(i),
             "--count",
             str(self.n),
+            "--tp-rank",
+            str(j),
             "--weights-backend",
             self.weights_backend,
         ]
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK"):
             env.pop(var, None)  # a generator is not a rank of the learner's group
-        if self.gpus:  # generator_gpus: its own GPU after the learners', or a shared one
+        if self.tp > 1:  # the generator's own group of tp processes (vLLM's external_launcher)
+            env.update(RANK=str(j), LOCAL_RANK=str(j), WORLD_SIZE=str(self.tp), LOCAL_WORLD_SIZE=str(self.tp))
+        if self.gpus:  # generator_gpus: its own GPUs after the learners', or a shared one
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             ids = visible.split(",") if visible else [str(g) for g in range(torch.cuda.device_count())]
-            env["CUDA_VISIBLE_DEVICES"] = ids[self.gpus[i]]
+            mine = self.gpus[i * self.tp : (i + 1) * self.tp] if self.tp > 1 else [self.gpus[i]]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[g] for g in mine)
         root = Path(__file__).resolve().parents[1]
         env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         return subprocess.Popen(
@@ -261,7 +283,7 @@ class GeneratorPool:
                             if i not in parts and batches.kv.check([f"batch/{b}/{i}"])
                         ]
                         for i in ready:
-                            parts[i] = batches.recv(i + 1, f"generator {i}'s batch {b}")
+                            parts[i] = batches.recv(1 + i * self.tp, f"generator {i}'s batch {b}")
                         if not ready:
                             self._alive()
                             time.sleep(pause)
@@ -275,17 +297,19 @@ class GeneratorPool:
                 self.cond.notify_all()
 
     def _check(self) -> None:
-        for i, p in enumerate(self.procs):
+        for g, p in enumerate(self.procs):
             rc = p.poll()
             if rc not in (None, 0):
-                log = Path(self.cfg.output.dir) / f"generator{i}.log"
+                i, j = divmod(g, self.tp)
+                log = self._log(g)
                 tail = (
                     [x for x in log.read_text(errors="replace").splitlines() if x.strip()][-1:]
                     if log.is_file()
                     else []
                 )
                 said = f": {tail[0][:300]}" if tail else ""
-                raise EngineError(f"generator {i} exited with status {rc} (see {log}){said}")
+                who = f"generator {i}" + (f" (tensor-parallel process {j})" if self.tp > 1 else "")
+                raise EngineError(f"{who} exited with status {rc} (see {log}){said}")
         if self.error is not None:
             raise EngineError(f"receiving batches from the generators failed: {self.error}")
 
@@ -398,11 +422,16 @@ class GeneratorPool:
         generator says ``ready/<i>`` after its engine exists, the learner then says ``join`` and
         all build the group together. The wait for the engines is on the host."""
         assert self.batches is not None
-        for i in range(self.n):
-            self.batches.wait(f"ready/{i}", f"generator {i} to build its engine", self._alive)
+        for g in range(self.n * self.tp):
+            self.batches.wait(f"ready/{g}", f"generator {g // self.tp} to build its engine", self._alive)
         self.batches.post("join")
         return bridge.group(
-            self._store, "weights", 0, self.n + 1, self.cfg.train.dist_timeout_s, backend=self.weights_backend
+            self._store,
+            "weights",
+            0,
+            self.n * self.tp + 1,
+            self.cfg.train.dist_timeout_s,
+            backend=self.weights_backend,
         )
 
     def _blame_generator(self, wait_s: float = 10.0) -> None:

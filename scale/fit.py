@@ -14,9 +14,9 @@ against ``gpu_memory_utilization * device memory``. The context used is
 ``rollout.max_model_len`` when set, else ``algo.max_len`` alone (no prompt): a lower bound of
 what the run asks, so a layout refused here cannot fit at any prompt length.
 
-A disaggregated generator holds each version it receives in host memory until its engine
-takes it: up to ``max_staleness + 2`` versions of bf16 weights per generator, all on rank
-0's node (:func:`host_bytes`).
+A disaggregated generator's processes (``tensor_parallel`` of them) each hold every version
+they receive in host memory until their engine takes it: up to ``max_staleness + 2``
+versions of bf16 weights per process, all on rank 0's node (:func:`host_bytes`).
 """
 
 from __future__ import annotations
@@ -119,11 +119,6 @@ def problems(cfg, gpu: GpuType) -> list[str]:
     tp = smallest_tp(cfg, gpu.memory_gib)
     if tp is None:
         return [p + "; no tensor_parallel up to 8 fits"]
-    if cfg.disaggregated and tp > 1:
-        return [
-            p
-            + f"; it needs tensor_parallel >= {tp}, and a disaggregated generator runs at 1 (not supported yet)"
-        ]
     return [p + f"; rollout.tensor_parallel={tp} fits"]
 
 
@@ -139,9 +134,10 @@ def host_bytes(cfg, params: int, *, nodes: int, gpus_per_node: int) -> dict[str,
         "rank 0 loading the fp32 model": 4 * params,
     }
     if cfg.disaggregated:
-        terms["versions held by the generators (rank 0's node)"] = (
-            r.generators * (r.max_staleness + 2) * 2 * params
-        )
+        held = (
+            r.generators * r.tensor_parallel * (r.max_staleness + 2) * 2 * params
+        )  # each process holds each
+        terms["versions held by the generators (rank 0's node)"] = held
     elif r.engine == "vllm" and r.sleep_during_training:
         terms["vLLM sleep backups"] = gpus_per_node * 2 * params / r.tensor_parallel
     return terms

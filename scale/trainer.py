@@ -117,7 +117,8 @@ class Trainer:
         self.acc = accelerator or make_accelerator(cfg)
         self.rank, self.world = self.acc.process_index, self.acc.num_processes
         try:
-            self.ranks = Ranks(self.rank, self.world, cfg.rollout.tensor_parallel)
+            # disaggregated, the learners do not generate: rollout.tensor_parallel is the generators'
+            self.ranks = Ranks(self.rank, self.world, 1 if cfg.disaggregated else cfg.rollout.tensor_parallel)
         except ValueError as err:
             raise LayoutError(str(err)) from None
         self.comm = Comm(self.ranks, self.acc.device)

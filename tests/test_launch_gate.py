@@ -204,6 +204,16 @@ def test_launch_places_a_disaggregated_run_on_one_node(capsys):
     from scale.disaggregated import generator_gpus
 
     assert generator_gpus(8, 6, 2) == ([6, 7], False)  # what rank 0 then sees: its own GPUs for them
+    # tensor-parallel generators: 2 x TP 2 take 4 GPUs, 4 learners train; the 32B preset at TP 2
+    tp2 = [*dis[:-1], "rollout.tensor_parallel=2", "algo.train_groups=4", "algo.mini_batch_groups=4"]
+    assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "1", "--gpus-per-node", "8", *tp2]) == 0
+    out, err = capsys.readouterr()
+    assert "4 learner GPU(s) and 4 generator GPU(s)" in err and "#SBATCH --gpus-per-node=8" in out
+    assert "--num_processes 4" in out and "GPUs 4-7" in out
+    assert generator_gpus(8, 4, 2, 2) == ([4, 5, 6, 7], False)
+    tp4 = [*dis[:-1], "rollout.tensor_parallel=4"]
+    assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "1", "--gpus-per-node", "8", *tp4]) == 2
+    assert "at rollout.tensor_parallel=4 leaves no GPU of 8" in capsys.readouterr().err
     assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "2", *dis]) == 2
     assert "one node" in capsys.readouterr().err
     assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "1", "--gpus-per-node", "2", *dis]) == 2

@@ -132,6 +132,21 @@ def test_generator_gpus_own_devices_when_there_are_enough_else_shared_and_said(g
         assert shared
 
 
+@given(st.integers(1, 16), st.integers(1, 8), st.integers(1, 4), st.integers(2, 4))
+def test_tensor_parallel_generators_get_devices_of_their_own_or_are_refused(gpus, learners, n, tp):
+    """Generator ``i``'s ``tp`` processes get ``tp`` distinct GPUs after the learners' when the
+    node has them; a tensor-parallel generator never shares (it would put two members of the
+    weights group on one device): too few GPUs is one line naming the count."""
+    from scale.disaggregated import generator_gpus
+
+    if gpus >= learners + n * tp:
+        placed, shared = generator_gpus(gpus, learners, n, tp)
+        assert not shared and placed == list(range(learners, learners + n * tp))
+    else:
+        with pytest.raises(ValueError, match=f"need {n * tp} GPUs of their own"):
+            generator_gpus(gpus, learners, n, tp)
+
+
 def test_generator_gpus_refuses_a_node_without_gpus():
     from scale.disaggregated import generator_gpus
 

@@ -186,8 +186,7 @@ def test_a_generator_s_engine_is_sized_by_its_weights_and_one_sequence_s_kv_cach
     assert g["kv_one_sequence"] == pytest.approx(20480 * 64 * 8 * 128 * 2 * 2 / GiB)
     assert g["weights"] == pytest.approx(2 * KNOWN["Qwen/Qwen2.5-32B"].params() / GiB)
     (line,) = problems(cfg, GPUS["h100-80gb"])
-    assert "KV cache (5.0 GiB)" in line and "63.4 GiB" in line and "tensor_parallel >= 2" in line
-    assert "not supported yet" in line  # a disaggregated generator runs at TP 1: said, not hidden
+    assert "KV cache (5.0 GiB)" in line and "63.4 GiB" in line and "rollout.tensor_parallel=2 fits" in line
     assert smallest_tp(cfg, GPUS["h100-80gb"].memory_gib) == 2
     assert problems(cfg, GPUS["h200"]) == []
     assert (
@@ -229,6 +228,10 @@ def test_plan_and_validate_only_refuse_what_cannot_fit_before_any_model_loads(ca
     )
     err = capsys.readouterr().err
     assert err.startswith("dapo train: does not fit: each of rollout.generators=2") and err.count("\n") == 1
+    # at the TP the line names, the engine terms fit
+    tp2 = [*DISAGGREGATED[:-1], "rollout.tensor_parallel=2"]
+    main(["--config", "qwen2.5-32b-dapo", "--gpus", "8", "--gpu-type", "h100-80gb", *tp2])
+    assert "generator(s) on H100 80GB" not in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["--config", "qwen2.5-32b-dapo", "--gpus", "8", "--gpu-type", "b999"])
     assert "--gpu-type" in capsys.readouterr().err

@@ -145,8 +145,11 @@ def test_disaggregated_placement_rules_and_default_correction():
     with pytest.raises(ConfigError) as err:
         load("tiny-cpu", [*dis, "rollout.generators=0"])
     assert err.value.field == "rollout.generators"
-    with pytest.raises(ConfigError, match="tensor-parallel generator"):
-        load("tiny-cpu-fsdp", [*dis])
+    # a tensor-parallel generator (the fsdp preset's TP 2) is accepted with the vLLM engine only
+    assert load("tiny-cpu-fsdp", [*dis]).rollout.tensor_parallel == 2
+    with pytest.raises(ConfigError, match="needs rollout.engine: vllm") as err:
+        load("tiny-cpu-fsdp", [*dis, "rollout.engine=hf"])
+    assert err.value.field == "rollout.tensor_parallel"
     # k > 0: the algo section's own correction stays (the tiny preset: token TIS at 2) ...
     cfg = load("tiny-cpu", [*dis, "rollout.max_staleness=2"])
     assert (cfg.algo.tis_cap, cfg.algo.is_level) == (2.0, "token")

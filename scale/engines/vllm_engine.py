@@ -82,7 +82,12 @@ class VLLMEngine:
         sync_timeout_s: float = 600.0,
         distributed: bool = False,
         dummy_weights: bool = False,
+        shm_ident: str | None = None,
     ):
+        """``distributed``: one engine per process of an existing process group
+        (``external_launcher``: the trainer's ranks, or a tensor-parallel generator's
+        processes); ``shm_ident``: the prefix of vLLM-CPU's shared-memory segments for this
+        engine group (default :func:`cpu_shm_ident`, the job's rendezvous address)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
             from vllm import LLM
@@ -107,7 +112,7 @@ class VLLMEngine:
         if distributed:  # the trainer's ranks: one engine each, on the existing process group
             kwargs["distributed_executor_backend"] = "external_launcher"
             if not self.on_gpu:
-                _name_cpu_shm(cpu_shm_ident())
+                _name_cpu_shm(shm_ident or cpu_shm_ident())
         if self.on_gpu:
             kwargs["enable_sleep_mode"] = sleep_during_training
         else:
