@@ -182,6 +182,27 @@ def perturb(module: Any, seed: int) -> None:
             local.add_(noise.to(local.device, local.dtype), alpha=PERTURB_STD)
 
 
+def vllm_runner(engine: Any) -> dict[str, Any]:
+    """Which vLLM and which of its model runners this engine runs: on GPUs vLLM 0.32 picks its
+    V2 runner by default where it supports the model (``VllmConfig.use_v2_model_runner``;
+    ``VLLM_USE_V2_MODEL_RUNNER=0|1`` forces it), and sleep/wake, seeded sampling and weight
+    reloads under it run only here; on a CPU the CPU worker's runner runs."""
+    import torch
+    import vllm
+
+    config = getattr(getattr(engine.llm, "llm_engine", None), "vllm_config", None)
+    try:
+        v2 = bool(config.use_v2_model_runner) if config is not None else None
+    except Exception as err:  # a config the property refuses: say so rather than guess
+        v2 = f"unknown ({type(err).__name__}: {err})"
+    runner = "cpu" if not torch.cuda.is_available() else {True: "v2", False: "v1"}.get(v2, str(v2))
+    return {
+        "version": vllm.__version__,
+        "model_runner": runner,
+        "VLLM_USE_V2_MODEL_RUNNER": os.environ.get("VLLM_USE_V2_MODEL_RUNNER"),
+    }
+
+
 def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     import torch
 
@@ -266,6 +287,7 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
         distributed=world > 1,
         dummy_weights=True,
     )
+    report["vllm"] = vllm_runner(engine)
     alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     v.add(
         "engine: started in the launch environment",
@@ -377,7 +399,7 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     report["cycles"] = cycles
     report["prompts_per_round"] = n_prompts
     v.add(
-        "generate: KV cache filled",
+        "generate: each round asks for at least the KV cache's capacity",
         None if fill is None else fill >= 1.0,
         None if fill is None else f"{fill:.2f} x capacity ({capacity} tokens) requested per round",
         ">= 1.0 x the KV cache's tokens",

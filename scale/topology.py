@@ -431,10 +431,18 @@ def waiting_for(what: str) -> Iterator[None]:
             _WAITS.what, _WAITS.since = outer
 
 
+MISUSE = ("tensors must be cuda", "duplicate gpu", "invalid usage", "no backend type associated")
+"""Words of NCCL's (and c10d's) refusals of a call that could never succeed: a host tensor, two
+members on one device. Said as they are, never as a wait that gave up."""
+
+
 def is_collective_failure(err: BaseException) -> bool:
+    """A collective that gave up waiting (a timeout, a closed connection), not one refused."""
     import torch.distributed as dist
 
     text = str(err).lower()
+    if any(s in text for s in MISUSE):
+        return False
     return isinstance(err, getattr(dist, "DistError", ())) or any(
         s in text for s in ("timed out", "timeout", "connection closed", "connection reset", "gloo", "nccl")
     )

@@ -15,14 +15,20 @@ rules hold on a CPU:
   error; two members of one group on one device (same host, same device index) are refused
   when the group is built, as NCCL refuses them; the data then moves over gloo.
 
+:func:`nccl_default` makes the same rules the default process group's (a registered Python
+backend), with object collectives staged on the current device as NCCL stages them.
+
 What it does not imitate: NCCL's asynchrony (ops here complete when ``wait`` returns, as
-gloo's do), stream semantics, the watchdog's abort, and the ``ncclInvalidUsage`` of
-mismatched collectives across members (gloo reports those its own way).
+gloo's do), stream semantics, the watchdog's abort, the ``ncclInvalidUsage`` of mismatched
+collectives across members (gloo reports those its own way), and FSDP2 on a pretend device.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -104,6 +110,16 @@ def _cuda(d: Any) -> torch.device | None:
     return dev if dev.type == "cuda" else None
 
 
+_SCALARS = (
+    torch.Tensor.__index__,
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__bool__,
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+)
+
+
 class FakeCuda(TorchFunctionMode):
     """Inside: ``cuda:<index>`` is a device of this process (``index``: ``current_device``)."""
 
@@ -119,6 +135,18 @@ class FakeCuda(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and isinstance(args[0], OnDevice):
+            # indexing builds its index tensors on the tensor's device: do it on the host copy
+            def unwrap(x: Any) -> Any:
+                return x.inner if isinstance(x, OnDevice) else x
+
+            inner = args[0].inner
+            if func is torch.Tensor.__setitem__:
+                inner[tree_map(unwrap, args[1])] = unwrap(args[2])
+                return None
+            return OnDevice(inner[tree_map(unwrap, args[1])], args[0].device)
+        if func in _SCALARS and isinstance(args[0], OnDevice):  # CUDA allows these (a sync)
+            return func(args[0].inner, *args[1:], **kwargs)
         to = _cuda(kwargs.get("device"))
         if to is not None and not (args and isinstance(args[0], OnDevice)):
             if func in (torch.Tensor.to, torch.Tensor.cuda):
@@ -206,3 +234,77 @@ def nccl_group(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[Nc
         raise RuntimeError("NCCL double: build an NCCL group inside FakeCuda(index) (no CUDA device here)")
     device = modes[-1].device()
     return NcclRules(store, rank, size, timeout, device), device
+
+
+class NcclDefaultGroup(dist.ProcessGroup):
+    """The default process group as NCCL would be (backend ``nccl_double``, :func:`init_default`):
+    every operation keeps :class:`NcclRules`, and object collectives (``all_gather_object``)
+    stage their bytes on the current device, as they do over NCCL."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta):
+        super().__init__(rank, size)
+        from torch.overrides import _get_current_function_mode_stack
+
+        modes = [m for m in _get_current_function_mode_stack() if isinstance(m, FakeCuda)]
+        if not modes:
+            raise RuntimeError("NCCL double: init the default group inside FakeCuda(index)")
+        self.rules = NcclRules(store, rank, size, timeout, modes[-1].device())
+
+    def getBackendName(self) -> str:
+        return "nccl_double"
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        return self.rules.allreduce(tensors, opts)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        return self.rules.broadcast(tensors, opts)
+
+    def allgather(self, outs: list[list[torch.Tensor]], ins: list[torch.Tensor], opts: Any = None) -> Any:
+        return self.rules.allgather(outs, ins)
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
+        return self.rules.send(tensors, dst, tag)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        return self.rules.recv(tensors, src, tag)
+
+    def barrier(self, opts: Any = None) -> Any:  # NCCL's barrier is an all-reduce on the device
+        return self.rules.allreduce([torch.zeros(1, device=self.rules.device)])
+
+
+@contextmanager
+def nccl_default(rank: int, world: int, store: Any, timeout_s: float | None = None) -> Iterator[torch.device]:
+    """Inside: this process is on pretend GPU ``rank`` (:class:`FakeCuda`) and the default
+    process group is an :class:`NcclDefaultGroup`, with ``torch.cuda.current_device`` and the
+    object collectives' staging device as on a GPU run. Yields the device; on the way out the
+    group is ended (after a barrier) and everything patched is restored."""
+    import torch.distributed.distributed_c10d as c10d
+
+    if "nccl_double" not in dist.Backend.backend_list:
+        dist.Backend.register_backend(
+            "nccl_double",
+            lambda store, rank, size, timeout: NcclDefaultGroup(store, rank, size, timeout),
+            devices=["cuda"],
+        )
+    real_device, real_current = c10d._get_object_coll_device, torch.cuda.current_device
+    if timeout_s is None:  # the launch's own (tests/multiproc.py sets it)
+        timeout_s = float(os.environ.get("DAPO_DIST_TIMEOUT_S", "30"))
+
+    def object_device(group: Any = None) -> str:
+        g = group or c10d._get_default_group()
+        return "cuda" if isinstance(g, NcclDefaultGroup) else real_device(group)
+
+    with FakeCuda(rank) as fake:
+        c10d._get_object_coll_device = object_device
+        torch.cuda.current_device = lambda: int(rank)  # type: ignore[assignment]
+        try:
+            dist.init_process_group(
+                "nccl_double", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+            )
+            yield fake.device()
+            dist.barrier()
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            c10d._get_object_coll_device = real_device
+            torch.cuda.current_device = real_current  # type: ignore[assignment]

@@ -199,3 +199,33 @@ def test_a_host_wait_ends_at_once_when_the_other_side_has_died():
     with pytest.raises(RuntimeError, match="generator 0 exited"):
         g.wait("never", "a key nobody sets", alive)
     assert time.monotonic() - t0 < 5.0
+
+
+# ---- the learners' default group under NCCL's rules ----------------------------------------------
+
+
+def comm_ranks_under_nccl(rank, world):
+    """``scale.topology.Comm`` (all-gather of objects, the point-to-point exchange) and
+    ``all_max`` over the default group as NCCL: each passes on the rank's device, and the same
+    exchange staged on the host is refused with NCCL's words."""
+    from nccl_double import nccl_default
+
+    from scale.topology import Comm, Ranks, all_max
+
+    store = dist.distributed_c10d._get_default_store()
+    dist.destroy_process_group()
+    with nccl_default(rank, world, dist.PrefixStore("nccl-double/", store)) as device:
+        comm = Comm(Ranks(rank, world, 1), device)
+        assert comm.all_gather({"rank": rank}, "test") == [{"rank": r} for r in range(world)]
+        other = 1 - rank
+        assert comm.exchange({other: bytes([rank]) * 5}, {other: 5}, "x") == {other: bytes([other]) * 5}
+        assert all_max(float(rank), device) == float(world - 1)
+        with pytest.raises(dist.DistBackendError, match=NCCL_HOST_TENSOR):
+            Comm(Ranks(rank, world, 1), "cpu").exchange({other: b"abc"}, {other: 3}, "x")
+
+
+@pytest.mark.multiprocess
+def test_the_learners_collectives_keep_nccl_s_rules():
+    from multiproc import run_function
+
+    run_function("test_bridge:comm_ranks_under_nccl", nproc=2, timeout_s=120)

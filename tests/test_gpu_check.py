@@ -55,6 +55,7 @@ def test_the_gpu_check_runs_end_to_end_on_cpu_and_gives_a_verdict_per_item(tmp_p
     )
     assert r["launch_env_set"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert [c["optimizer_steps"] for c in r["cycles"]] == [1, 1, 1]
+    assert r["vllm"]["model_runner"] == "cpu" and r["vllm"]["version"].startswith("0.")  # recorded
     gaps = [c["logp_gap_mean"] for c in r["cycles"]]
     assert max(gaps[:2]) < 0.05 <= gaps[2]  # synced versions agree; the unsent one is seen
     table = ranks[0].stdout

@@ -98,9 +98,23 @@ def run_step(ranks, comm, algo, step, acceptance, diverge_rank=None):
 # ---- rank functions ------------------------------------------------------------------------
 
 
-def sampling_ranks(rank, world, tp, out):
+def sampling_ranks(rank, world, tp, out, nccl=False):
+    """The steps below on this rank, over gloo, or (``nccl``) over NCCL's rules on pretend GPUs
+    (``tests/nccl_double.py``: every collective's tensors on this rank's device)."""
+    if not nccl:
+        return _sampling(rank, world, tp, out, "cpu")
+    import torch.distributed as dist
+    from nccl_double import nccl_default
+
+    store = dist.distributed_c10d._get_default_store()
+    dist.destroy_process_group()
+    with nccl_default(rank, world, dist.PrefixStore("nccl-double/", store)) as device:
+        _sampling(rank, world, tp, out, device)
+
+
+def _sampling(rank, world, tp, out, device):
     ranks = Ranks(rank, world, tp)
-    comm = Comm(ranks)
+    comm = Comm(ranks, device)
     algo = AlgoConfig(group_size=G, train_groups=8, mini_batch_groups=4, max_gen_rounds=6)
     record = {
         "full": run_step(ranks, comm, algo, step=0, acceptance=0.4),
@@ -164,9 +178,13 @@ ACCEPT = {"full": 0.4, "short": 0.5}
 
 
 @pytest.mark.multiprocess
-def test_four_ranks_two_tensor_parallel_groups_agree_and_share_one_batch(tmp_path):
+@pytest.mark.parametrize("nccl", [False, True], ids=["gloo", "nccl-double"])
+def test_four_ranks_two_tensor_parallel_groups_agree_and_share_one_batch(tmp_path, nccl):
+    """Over gloo, and over NCCL's rules (each rank on a pretend GPU of its own, every tensor of
+    every collective there: the reports' all-gather, the point-to-point exchange of shares)."""
     out = tmp_path / "rec"
-    run_function("test_rollout:sampling_ranks", nproc=4, tp=2, out=str(out))
+    # 4 ranks on the CI's 2 cores beside other tests: a longer collective timeout than the default
+    run_function("test_rollout:sampling_ranks", nproc=4, tp=2, out=str(out), nccl=nccl, dist_timeout_s=120)
     recs = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(4)]
     for step in ("full", "short"):
         rs = [{**r[step], "_step": step} for r in recs]
