@@ -168,7 +168,7 @@ def train_main(argv: list[str] | None = None) -> int:
     except CollectiveDeviceError as err:
         print(f"dapo train: rank {os.environ.get('RANK', '0')}: {err}", file=sys.stderr)
         return 70
-    except (DataError, FileExistsError, ResumeError, LayoutError) as err:
+    except (DataError, FileExistsError, FileNotFoundError, ResumeError, LayoutError) as err:
         print(f"dapo train: {err}", file=sys.stderr)
         return 2
     except EngineError as err:

@@ -147,6 +147,15 @@ class ProblemSet:
 # ---- reading ------------------------------------------------------------------------------
 
 
+def _hub_unreachable(err: BaseException) -> bool:
+    """A Hub dataset that could not be fetched (no network, offline mode, unknown or gated)."""
+    names = {type(e).__name__ for e in type(err).__mro__}
+    return isinstance(err, (ConnectionError, OSError, TimeoutError)) or bool(
+        names
+        & {"LocalEntryNotFoundError", "OfflineModeIsEnabled", "HfHubHTTPError", "RepositoryNotFoundError"}
+    )
+
+
 class _Reader:
     """One data source: its records as ``(row, record)``, read lazily, and its fingerprint."""
 
@@ -163,7 +172,18 @@ class _Reader:
         else:
             import datasets
 
-            self.ds = datasets.load_dataset(spec, split=split)
+            try:
+                self.ds = datasets.load_dataset(spec, split=split)
+            except FileNotFoundError:
+                raise
+            except Exception as err:  # offline, a name the Hub does not know, no access
+                if not _hub_unreachable(err):
+                    raise
+                first = (str(err).strip().splitlines() or [""])[0][:200]
+                raise FileNotFoundError(
+                    f"data source {spec!r}: not a local .jsonl/.json/.parquet file, and the Hub could not "
+                    f"provide it ({type(err).__name__}: {first}); give a local file or stage it (`dapo stage`)"
+                ) from err
             self.name = f"{spec}[{split}]"
 
     def fingerprint(self) -> str:

@@ -533,3 +533,63 @@ def test_the_longest_prompt_of_the_whole_set_sets_the_context_and_one_that_canno
         (str(f), 2501, "prompt", "40 prompt tokens + algo.max_len=25 exceed rollout.max_model_len=64")
     ]
     assert f"{f}:2501: prompt: 40 prompt tokens" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        ConnectionError("Couldn't reach 'org/set' on the Hub (LocalEntryNotFoundError)"),
+        TimeoutError("read timed out"),
+    ],
+)
+def test_a_hub_dataset_that_cannot_be_fetched_is_one_line_naming_it(monkeypatch, raised):
+    """Offline, or a name the Hub does not know: the reader says which source and what to do
+    (a FileNotFoundError, which `dapo train` reports in one line with exit 2), not a traceback."""
+    import datasets
+
+    from scale.data import _Reader
+
+    def fail(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(datasets, "load_dataset", fail)
+    with pytest.raises(FileNotFoundError, match=r"data source 'org/set': not a local .*could not provide it"):
+        _Reader("org/set", "train")
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: 1 / 0)  # a bug stays a bug
+    with pytest.raises(ZeroDivisionError):
+        _Reader("org/set", "train")
+
+
+def test_dapo_train_with_a_missing_data_file_is_one_line_and_exit_2(tmp_path):
+    """Issue 51's rough edge: a missing ``data.train`` was "internal error" (exit 70)."""
+    import os
+    import subprocess
+    import sys
+
+    from scale.tiny import build_tiny_data, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model")
+    _, ev = build_tiny_data(tmp_path / "data")
+    data = [f"data.train={tmp_path / 'no_such.jsonl'}", f"data.eval={ev}", f"output.dir={tmp_path / 'run'}"]
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dapo.cli",
+            "train",
+            "--config",
+            "tiny-cpu",
+            "--quiet",
+            f"model.path={model}",
+            *data,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert lines[-1] == f"dapo train: data file not found: {tmp_path / 'no_such.jsonl'}", lines
+    assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()  # a failed start leaves nothing
