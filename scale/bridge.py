@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import io
 import pickle
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -41,7 +40,7 @@ from typing import Any
 
 import torch
 
-from .topology import waiting_for
+from .topology import poll, waiting_for
 
 LEARNER = 0
 """The learner's rank 0 in the ``weights`` and ``batches`` groups; generator ``i`` is ``i + 1``."""
@@ -71,14 +70,8 @@ class Group:
         training step, which can be longer than any collective timeout: it is done here,
         never inside a collective. Long waits are reported (:func:`scale.topology.waiting_for`);
         ``alive()`` raises if the other side has died (polled about once a second)."""
-        pause = 0.005
-        with waiting_for(what):
-            while not self.kv.check([key]):
-                if alive is not None:
-                    alive()
-                time.sleep(pause)
-                pause = min(1.0, pause * 2)
-            return bytes(self.kv.get(key))
+        poll(lambda: self.kv.check([key]), what, alive)
+        return bytes(self.kv.get(key))
 
     # -- bytes -----------------------------------------------------------------------
     def _size(self, n: int) -> torch.Tensor:

@@ -137,9 +137,19 @@ def wait_announced(key: str, what: str) -> None:
 
     if not _initialized():
         return
-    kv, pause = c10d._get_default_store(), 0.005
+    kv = c10d._get_default_store()
+    poll(lambda: kv.check([f"dapo/{key}"]), what)
+
+
+def poll(ready: Callable[[], bool], what: str, alive: Callable[[], None] | None = None) -> None:
+    """Wait on the host until ``ready()``, however long that takes (checks from 5 ms apart,
+    doubling to 1 s), reported when long (:func:`waiting_for`); ``alive()`` raises if the
+    side waited for has died."""
+    pause = 0.005
     with waiting_for(what):
-        while not kv.check([f"dapo/{key}"]):
+        while not ready():
+            if alive is not None:
+                alive()
             time.sleep(pause)
             pause = min(1.0, pause * 2)
 

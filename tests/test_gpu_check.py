@@ -16,6 +16,8 @@ need("transformers", "accelerate", "safetensors", "yaml", "vllm")
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--cpu", "--layers", "2", "--vocab", "2048", "--response", "24", "--prompt", "8", "--bucket-mb", "4"]
+"""The check at a shape 2 CPU processes run in seconds."""
 
 
 def test_the_gpu_check_runs_end_to_end_on_cpu_and_gives_a_verdict_per_item(tmp_path, monkeypatch):
@@ -23,19 +25,7 @@ def test_the_gpu_check_runs_end_to_end_on_cpu_and_gives_a_verdict_per_item(tmp_p
     monkeypatch.setenv("TORCH_GLOO_LAZY_INIT", "1")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     out = tmp_path / "gpu_check.json"
-    args = [
-        "--cpu",
-        "--layers",
-        "2",
-        "--vocab",
-        "2048",
-        "--response",
-        "24",
-        "--prompt",
-        "8",
-        "--bucket-mb",
-        "4",
-    ]
+    args = SMALL
     ranks = run_script(
         [str(ROOT / "benchmarks/gpu_check.py"), *args, "--max-tokens", "96", "--out", str(out)],
         nproc=2,
@@ -95,19 +85,7 @@ def test_the_gpu_check_fails_a_sync_that_does_nothing_after_sleep_and_wake(tmp_p
     wrapper = tmp_path / "broken_sync.py"
     wrapper.write_text(BREAK_SYNC.format(root=str(ROOT), script=str(ROOT / "benchmarks/gpu_check.py")))
     out = tmp_path / "gpu_check.json"
-    args = [
-        "--cpu",
-        "--layers",
-        "2",
-        "--vocab",
-        "2048",
-        "--response",
-        "24",
-        "--prompt",
-        "8",
-        "--bucket-mb",
-        "4",
-    ]
+    args = SMALL
     with pytest.raises(MultiprocessError):
         run_script([str(wrapper), *args, "--max-tokens", "96", "--out", str(out)], nproc=2, timeout_s=420)
     r = json.loads(out.read_text())

@@ -168,15 +168,8 @@ def test_accelerate_configs_are_valid_yaml():
 def test_launch_places_a_disaggregated_run_on_one_node(capsys):
     """The generators start on rank 0's node after its learners: torchrun gets the GPUs left
     to train on; more nodes, or no GPU left, is one line and exit 2."""
-    dis = [
-        "rollout.mode=disaggregated",
-        "rollout.generators=2",
-        "eval.every=0",
-        "algo.train_groups=6",
-        "algo.mini_batch_groups=6",
-        "rollout.gen_groups=6",
-        "rollout.tensor_parallel=1",
-    ]
+    from test_plan import DISAGGREGATED as dis
+
     assert (
         launch_main(
             [
