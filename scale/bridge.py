@@ -216,10 +216,27 @@ def _nccl(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[Any, to
     return dist.ProcessGroupNCCL(store, rank, size, opts), torch.device("cuda", torch.cuda.current_device())
 
 
-def group(kv: Any, name: str, rank: int, size: int, timeout_s: float, *, backend: str = "gloo") -> Group:
-    """The process group ``name`` of ``size`` members built from the store ``kv``."""
+def group(
+    kv: Any,
+    name: str,
+    rank: int,
+    size: int,
+    timeout_s: float,
+    *,
+    backend: str = "gloo",
+    alive: Callable[[], None] | None = None,
+) -> Group:
+    """The process group ``name`` of ``size`` members built from the store ``kv``, once every
+    member has arrived: each says so in the store and waits on the host for the others
+    (``alive()`` raises if one has died), so that a member still starting (importing, loading a
+    tokenizer on a loaded node) costs a wait, not a construction that gives up after
+    ``timeout_s``. ``timeout_s`` then bounds the group's collectives."""
     import torch.distributed as dist
 
+    arrived = dist.PrefixStore(f"dapo-bridge/{name}/arrived/", kv)
+    arrived.set(str(rank), b"")
+    everyone = [str(r) for r in range(size)]
+    poll(lambda: arrived.check(everyone), f"the {size} members of the bridge's {name} group to start", alive)
     prefixed = dist.PrefixStore(f"dapo-bridge/{name}/", kv)
     keys = dist.PrefixStore(f"dapo-bridge/{name}/keys/", kv)
     if backend == "nccl":  # GPU weights: the learner's rank 0 and each generator's first device

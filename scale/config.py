@@ -181,6 +181,12 @@ class TrainConfig:
     """Process-group timeout (seconds), passed to ``InitProcessGroupKwargs``: a collective
     whose peer died fails after this long. It must exceed the longest generation round (a
     20k-token round of the 32B run takes ~16 minutes); ``$DAPO_DIST_TIMEOUT_S`` overrides it."""
+    startup_timeout_s: float = 1800.0
+    """How long the processes may take to arrive (seconds): the learners' group is built with
+    this bound (a rank still importing, on a loaded node or a slow shared file system, is not
+    a collective that hangs), then its collectives are bounded by ``dist_timeout_s``. The
+    bridge's groups with the generators are built only once every member has arrived (a host
+    wait that notices a generator that died), so no bound applies to them."""
     heartbeat_s: float = 10.0
     """Each rank beats in the rendezvous store this often (:mod:`scale.heartbeat`; 0: off)."""
     heartbeat_timeout_s: float = 60.0
@@ -281,6 +287,10 @@ class RunConfig:
         if not self.train.dist_timeout_s > 0:
             raise ConfigError(
                 "train.dist_timeout_s", f"must be > 0 seconds (got {self.train.dist_timeout_s!r})"
+            )
+        if not self.train.startup_timeout_s > 0:
+            raise ConfigError(
+                "train.startup_timeout_s", f"must be > 0 seconds (got {self.train.startup_timeout_s!r})"
             )
         if self.train.heartbeat_s < 0:
             raise ConfigError("train.heartbeat_s", f"must be >= 0 seconds (got {self.train.heartbeat_s!r})")

@@ -203,7 +203,7 @@ class GeneratorPool:
         for i in range(self.n):
             for j in range(self.tp):
                 self.procs.append(self._spawn(out, host, kv.port, i, j))
-        batches = bridge.group(kv, "batches", 0, members, timeout)
+        batches = bridge.group(kv, "batches", 0, members, timeout, alive=self._alive)
         self._store = kv
         hello = {
             "first": first,
@@ -432,6 +432,7 @@ class GeneratorPool:
             self.n * self.tp + 1,
             self.cfg.train.dist_timeout_s,
             backend=self.weights_backend,
+            alive=self._alive,
         )
 
     def _blame_generator(self, wait_s: float = 10.0) -> None:

@@ -86,8 +86,10 @@ def dist_timeout(default_s: float) -> timedelta:
 
 def make_accelerator(cfg: Any) -> Any:
     """The run's ``Accelerator``: on a machine without CUDA, CPU processes over gloo (accelerate
-    would otherwise run them as unrelated single processes); the process-group timeout from
-    ``train.dist_timeout_s`` (``$DAPO_DIST_TIMEOUT_S`` overrides); accelerate's bf16 autocast
+    would otherwise run them as unrelated single processes); the group built within
+    ``train.startup_timeout_s`` (ranks arrive as their imports finish, seconds apart on a
+    loaded node), then its collectives bounded by ``train.dist_timeout_s``
+    (``$DAPO_DIST_TIMEOUT_S`` overrides; :func:`bound_collectives`); accelerate's bf16 autocast
     unless FSDP2 shards over several processes (it then casts through its own mixed-precision
     policy, :mod:`scale.sharding`; one process has nothing to shard and runs unwrapped)."""
     import torch
@@ -96,13 +98,28 @@ def make_accelerator(cfg: Any) -> Any:
 
     t = cfg.train
     fsdp2 = t.sharding == "fsdp2" and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return Accelerator(
+    collectives = dist_timeout(t.dist_timeout_s)
+    acc = Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision="no" if fsdp2 else t.mixed_precision,
         log_with=list(cfg.output.trackers) or None,
         project_dir=cfg.output.dir,
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=dist_timeout(t.dist_timeout_s))],
+        kwargs_handlers=[
+            InitProcessGroupKwargs(timeout=max(collectives, timedelta(seconds=t.startup_timeout_s)))
+        ],
     )
+    bound_collectives(collectives)
+    return acc
+
+
+def bound_collectives(timeout: timedelta) -> None:
+    """From now on the default group's collectives give up after ``timeout`` (gloo and NCCL
+    alike; torch's ``_set_pg_timeout``). The group was built with a longer bound, the time
+    the ranks may take to arrive, which is not the time a collective may hang."""
+    import torch.distributed.distributed_c10d as c10d
+
+    if _initialized():
+        c10d._set_pg_timeout(timeout)
 
 
 def _initialized() -> bool:

@@ -185,6 +185,46 @@ def test_a_wait_longer_than_the_collective_timeout_ends_when_the_other_side_is_r
     assert torch.equal(v0[0][1], torch.zeros(4)) and torch.equal(v1[0][1], torch.ones(4))
 
 
+def test_a_member_that_arrives_after_the_timeout_still_builds_the_group_then_collectives_are_bounded():
+    """A generator still importing when the learner builds the group (seconds, on a loaded
+    node) is waited for on the host; the group's 1 s timeout then bounds its collectives.
+    Before, construction itself gave up after 1 s ("wait timeout ... keys: /dapo-bridge/...")."""
+    kv = _stores(2)
+
+    def learner() -> Any:
+        b = bridge.group(kv[0], "b", 0, 2, 1.0)
+        data = b.recv_bytes(1, "the late member's message")
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError):  # the other member sends nothing more
+            b.recv_bytes(1, "a message never sent")
+        return data, time.monotonic() - t0
+
+    def late() -> Any:
+        time.sleep(3.0)  # three timeouts' worth of start-up
+        b = bridge.group(kv[1], "b", 1, 2, 1.0)
+        b.send_bytes(b"here", 0, "the learner")
+        time.sleep(4.0)  # alive and silent while the learner's next receive gives up
+
+    (data, gave_up_after), _ = _together(learner, late)
+    assert data == b"here"
+    assert gave_up_after < 3.5
+
+
+def test_a_member_that_dies_before_arriving_ends_the_wait_with_its_error():
+    kv = _stores(2)
+    calls = []
+
+    def alive() -> None:
+        calls.append(1)
+        if len(calls) > 3:
+            raise RuntimeError("generator 0 exited with status 1")
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="generator 0 exited"):
+        bridge.group(kv[0], "b", 0, 2, 60.0, alive=alive)
+    assert time.monotonic() - t0 < 10.0
+
+
 def test_a_host_wait_ends_at_once_when_the_other_side_has_died():
     kv = _stores(1)
     g = bridge.group(kv[0], "b", 0, 1, 5.0)

@@ -2,6 +2,7 @@
 rank costs seconds, nothing outlives a test, and a process group that survives teardown
 (the cause of CI's SIGABRT at exit) is caught every time, not some of the time."""
 
+import json
 import os
 import time
 import uuid
@@ -121,6 +122,19 @@ def test_a_process_group_that_survives_teardown_fails_the_run():
     assert "outlived destroy_process_group()" in msg and "pt_gloo_runloop" in msg
     # the first rank to find the leak exits 3; torchrun may then stop the other with SIGTERM
     assert f": exit status {LEAK_STATUS}" in msg
+
+
+@pytest.mark.multiprocess
+def test_a_late_rank_joins_the_learners_group_and_collectives_stay_bounded(tmp_path):
+    """``train.startup_timeout_s`` bounds the ranks' arrival, ``train.dist_timeout_s`` each
+    collective: a rank 9 s late (3 timeouts) no longer fails the group's construction (CI saw
+    "wait timeout after 4000ms, keys: /default_pg/0//cpu//0/0"), and a collective whose peer is
+    silent still gives up after the 3 s timeout, not the 30-minute start-up bound."""
+    out = tmp_path / "result.json"
+    run_script(["tests/startup_worker.py", str(out)], nproc=2, dist_timeout_s=3, timeout_s=120)
+    got = json.loads(out.read_text())
+    assert got["built"] and got["collective"] == "gave up"
+    assert 2.0 < got["waited_s"] < 8.0, got
 
 
 def test_no_communication_threads_in_a_single_process():
