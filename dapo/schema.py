@@ -92,6 +92,7 @@ SCHEMA: dict[str, str] = {
     "rollout/reward_max": "largest reward of the step (verl `critic/score/max`)",
     "rollout/reward_min": "smallest reward of the step (verl `critic/score/min`)",
     "rollout/advantage_abs_max": "largest |advantage| of the step (verl `critic/advantages/max`/`min`); 0: no signal",
+    "rollout/advantage_std": "standard deviation of the step's advantages (custom trainers' `Adv Std`); 0: no signal",
     # the trainer's live diagnosis (diagnose.every_steps; dapo.health.callback)
     "health/verdict": "run verdict so far: 0 healthy, 1 warning, 2 failing, 3 inconclusive",
     **{

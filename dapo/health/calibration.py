@@ -25,7 +25,10 @@ from typing import Any
 
 from .config import HealthConfig
 from .readers import RunLogError, read_runs
+from .rules import RULES
 from .verdict import VERDICTS, diagnose, verdict
+
+RULE_NAMES = {r.name for r in RULES}
 
 PROBLEM_RULES = {"truncation": "truncation_noise", "gradients": "gradients"}
 """Authors' problem names that differ from a rule's name."""
@@ -84,12 +87,91 @@ def _count(rows: list[dict[str, Any]], authors: str, ours: str) -> int:
     return sum(r["authors_verdict"] == authors and r["ours"]["verdict"] == ours for r in rows)
 
 
-BATCHES = ("development", "held-out-1", "held-out-2", "held-out-3")
-"""The batches in the order they came in (see the module's docstring)."""
+def batches(rows: list[dict[str, Any]]) -> list[str]:
+    """The batches in the order they came in (their order in SOURCES.json)."""
+    return list(dict.fromkeys(batch(r) for r in rows))
 
 
 def batch(row: dict[str, Any]) -> str:
     return str(row.get("batch", "development"))
+
+
+CRITERION = (
+    ("misses", "authors call it failing or warning, we call it healthy", "none"),
+    ("flagged", "of the runs whose authors name a problem, flagged warning or failing", ">= 90%"),
+    ("same kind", "of those whose problem is a rule's, that rule flagged", ">= 80%"),
+    ("false alarms", "of the runs their authors call healthy, called failing", "<= 10%"),
+    ("inconclusive", "of the judged logs, inconclusive", "<= 20%"),
+    ("readable", "logs read", "all"),
+)
+"""Issue 48's criterion, per blind batch: the figure, what it counts, the goal."""
+
+
+def _first(r: dict[str, Any]) -> tuple[str, list[str] | None] | None:
+    """The first-pass verdict and flagged rules (None: not recorded; rules None: verdict only)."""
+    fp = r.get("first_pass")
+    if fp is None:
+        return None
+    if isinstance(fp, dict):
+        return str(fp["verdict"]), list(fp.get("flagged", []))
+    return str(fp), None
+
+
+def criterion(rows: list[dict[str, Any]], first_pass: bool = False) -> dict[str, str]:
+    """The criterion's figures (:data:`CRITERION`) on ``rows``, now or on the first pass
+    (``first_pass``: only rows with a recorded first pass; "same kind" needs its flagged rules)."""
+
+    def view(r: dict[str, Any]) -> tuple[str, list[str] | None]:
+        if first_pass:
+            got = _first(r)
+            assert got is not None
+            return got
+        return r["ours"]["verdict"], r["ours"]["flagged"]
+
+    rows = [r for r in rows if not first_pass or _first(r) is not None]
+    judged = [r for r in rows if r["authors_verdict"]]
+    named = [r for r in judged if r["authors_verdict"] in ("failing", "warning")]
+    healthy = [r for r in judged if r["authors_verdict"] == "healthy"]
+
+    def rule_of(r: dict[str, Any]) -> str | None:
+        p = r.get("problem")
+        rule = PROBLEM_RULES.get(p, p) if p else None
+        return rule if rule in RULE_NAMES else None
+
+    kinds = [r for r in named if rule_of(r)]
+    kind_known = [r for r in kinds if view(r)[1] is not None]
+
+    def frac(n: int, d: int) -> str:
+        return f"{n}/{d} ({n / d:.0%})" if d else "-"
+
+    return {
+        "misses": str(sum(view(r)[0] == "healthy" for r in named)),
+        "flagged": frac(sum(view(r)[0] in ("warning", "failing") for r in named), len(named)),
+        "same kind": frac(
+            sum(any(f.split(":")[0] == rule_of(r) for f in view(r)[1] or []) for r in kind_known),
+            len(kind_known),
+        )
+        if len(kind_known) == len(kinds)
+        else f"not recorded ({len(kinds)} runs)",
+        "false alarms": frac(sum(view(r)[0] == "failing" for r in healthy), len(healthy)),
+        "inconclusive": frac(sum(view(r)[0] == "inconclusive" for r in judged), len(judged)),
+        "readable": frac(sum(view(r)[0] != "unreadable" for r in rows), len(rows)),
+    }
+
+
+def criterion_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per batch, the criterion's figures on the first pass (where recorded) and now."""
+    lines = [
+        "| batch | pass | " + " | ".join(f"{name} ({goal})" for name, _, goal in CRITERION) + " |",
+        "|---|---|" + "---|" * len(CRITERION),
+    ]
+    for name in batches(rows):
+        part = [r for r in rows if batch(r) == name]
+        passes = [("first", True)] if any(_first(r) for r in part) else []
+        for label, first in [*passes, ("now", False)]:
+            figures = criterion(part, first)
+            lines.append(f"| {name} | {label} | " + " | ".join(figures[n] for n, _, _ in CRITERION) + " |")
+    return lines
 
 
 def agreement(rows: list[dict[str, Any]]) -> tuple[int, int]:
@@ -104,11 +186,11 @@ def summary(rows: list[dict[str, Any]]) -> str:
     done = [r for r in rows if r["authors_verdict"]]
     missed = _count(done, "failing", "healthy") + _count(done, "warning", "healthy")
     frameworks = len({r["framework"].split()[0].lower().strip("(,") for r in rows})
-    blind = [r for r in done if r.get("first_pass")]
+    blind = [r for r in done if _first(r)]
     first = (
         f" The first time the tool saw them, before any change made for them, it agreed on "
-        f"{sum(r['first_pass'] == r['authors_verdict'] for r in blind)} of {len(blind)} "
-        f"({sum(r.get('first_pass') == 'unreadable' for r in rows)} unreadable)."
+        f"{sum(_first(r)[0] == r['authors_verdict'] for r in blind)} of {len(blind)} "  # type: ignore[index]
+        f"({sum((_first(r) or ('',))[0] == 'unreadable' for r in rows)} unreadable)."
         if blind
         else ""
     )
@@ -140,7 +222,17 @@ def write(rows: list[dict[str, Any]], out: Path, command: str) -> Path:
         f"Command: `{command}`. Logs, provenance and the authors' words: `tests/data/health/calibration/SOURCES.json`.",
         "",
     ]
-    for name in [*BATCHES, "all"]:
+    lines += [
+        "## The criterion per batch (issue 48)",
+        "",
+        "; ".join(f"**{n}**: {what}" for n, what, _ in CRITERION) + ". A batch's first pass is the tool's "
+        "verdicts the first time it read the batch, with the rules frozen before; 'now' is after any change "
+        "made since. The development batch was in view while the rules were shaped.",
+        "",
+        *criterion_lines(rows),
+        "",
+    ]
+    for name in [*batches(rows), "all"]:
         part = rows if name == "all" else [r for r in rows if batch(r) == name]
         if part and (name != "all" or len({batch(r) for r in rows}) > 1):
             lines += [f"## {name}", "", summary(part), "", *table_lines(part), ""]

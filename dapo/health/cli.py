@@ -17,7 +17,7 @@ from ..cliargs import Float, InFile, Int, OutDir, Parser, Text, UsageError
 from .config import HealthConfig
 from .follow import follow
 from .knobs import merge
-from .readers import FORMATS, READERS, RunLogError, read_runs
+from .readers import FORMATS, READERS, RunLogError, parse_map, read_log, user_names
 from .references import PAPER_REFERENCES, ReferenceCurve
 from .report import write_report
 from .verdict import SEVERITY, Finding, diagnose, run_notes, verdict
@@ -46,6 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--format", choices=FORMATS, default="auto", help="read the log as this format (default: detect)"
     )
     p.add_argument(
+        "--map",
+        action="append",
+        default=[],
+        type=Text(),
+        metavar="COLUMN=METRIC[,...] | FILE",
+        help="read a column this tool does not know as a metric it does, e.g. --map 'Pre=reward,GradN=grad_norm' "
+        "(METRIC: a schema name or a logged name such as reward, accuracy, grad_norm, kl, entropy, loss); or a "
+        "YAML/JSON file of COLUMN: METRIC lines. The notes list the numeric columns left unread",
+    )
+    p.add_argument(
         "--run-label",
         type=Text(),
         default=None,
@@ -66,6 +76,24 @@ def build_parser() -> argparse.ArgumentParser:
         default="paper",
         help="reference bands for the figures (drawn only where the run is in their units): 'paper' (Fig. 7 "
         "shapes; the default), 'none', or a JSON file {metric: {source, progress, low, high, note?}}",
+    )
+    p.add_argument(
+        "--against",
+        nargs="+",
+        type=Text(),
+        default=[],
+        metavar="REF",
+        help="compare the run with reference runs of the same recipe (any log this tool reads; FILE#LABEL: the "
+        "runs of a multi-run file whose label holds LABEL, e.g. runs/toy/x/metrics.jsonl#arm=clip_higher): per "
+        "metric, the first step it leaves the references' band for good, by how much, and whether the outcome "
+        "followed (dapo.health.against)",
+    )
+    p.add_argument(
+        "--align",
+        choices=["step", "share"],
+        default="step",
+        help="--against: align by training step (default) or by share of the run (step / last step), for "
+        "references of another length",
     )
     p.add_argument(
         "--fail-on",
@@ -135,6 +163,30 @@ def _config(items: list[str]) -> HealthConfig:
         raise UsageError(f"--set: {err}") from None
 
 
+def _names(items: list[str]) -> dict[str, str]:
+    """``--map`` items: ``COLUMN=METRIC`` pairs, or files (YAML or JSON) of ``COLUMN: METRIC``."""
+    import yaml
+
+    out: dict[str, str] = {}
+    for item in items:
+        path = Path(item)
+        try:
+            if "=" not in item and path.is_file():
+                loaded = yaml.safe_load(path.read_text())
+                if not isinstance(loaded, dict):
+                    raise UsageError(f"--map {item}: expected a mapping of COLUMN: METRIC lines")
+                out.update(parse_map(loaded, where=f"--map {item}"))
+            elif "=" not in item:
+                raise UsageError(f"--map {item!r}: neither COLUMN=METRIC pairs nor a file")
+            else:
+                out.update(parse_map([item]))
+        except yaml.YAMLError as err:
+            raise UsageError(f"--map {item}: not YAML or JSON ({str(err).splitlines()[0]})") from None
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+    return out
+
+
 def _references(spec: str) -> dict[str, ReferenceCurve]:
     if spec == "none":
         return {}
@@ -184,11 +236,26 @@ def format_findings(
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cfg = _config(args.set)
+    if args.against and args.follow:
+        raise UsageError("--against judges a whole log: not with --follow")
     references = _references(args.reference)  # checked even without --report: a typo is not ignored
     try:
         knobs = merge(Path(args.run), args.knob)
     except ValueError as err:
         raise UsageError(f"--knob {err}") from None
+    names = _names(args.map)
+    try:
+        with user_names(names):
+            return _judge(args, cfg, knobs, references)
+    except BrokenPipeError:
+        raise  # the reader closed the pipe (`| head`): dapo.cli ends quietly
+    except (RunLogError, OSError) as err:
+        print(f"dapo diagnose: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _judge(args: argparse.Namespace, cfg: HealthConfig, knobs: Any, references: Any) -> int:
+    """Read, judge and print (with the user's ``--map`` names in force)."""
     try:
         if args.follow:
             follow(
@@ -201,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                 lambda s: print(s, flush=True),
             )
             return 0
-        runs, notes, fmt = read_runs(args.run, args.format)
+        reading = read_log(args.run, args.format)
+        runs, notes, fmt = reading.runs, reading.notes + reading.columns_said(), reading.format
     except (RunLogError, OSError) as err:
         print(f"dapo diagnose: {err}", file=sys.stderr)
         return EXIT_USAGE
@@ -218,6 +286,18 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
         runs = {args.run_label: runs[args.run_label]}
     results = {label: diagnose(run, cfg, knobs) for label, run in runs.items()}
+    comparisons: dict[str, Any] = {}
+    if args.against:
+        from .against import AgainstConfig, AgainstError, compare_all, load_references
+
+        try:
+            refs = load_references(args.against)
+            comparisons = compare_all(args.run, runs, refs, AgainstConfig(align=args.align))
+        except AgainstError as err:
+            print(f"dapo diagnose: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        for label, comparison in comparisons.items():
+            results[label].append(comparison.finding())  # the verdict, --fail-on and the report take it in
     verdicts = {label: verdict(fs, cfg) for label, fs in results.items()}
     if args.json:
         out = {
@@ -225,9 +305,11 @@ def main(argv: list[str] | None = None) -> int:
                 "format": fmt,
                 "verdict": verdicts[label].status,
                 "notes": run_notes(runs[label]),
+                "reading": notes,
                 "judged": verdicts[label].judged,
                 "unknown": verdicts[label].unknown,
                 "findings": [f.__dict__ for f in fs],
+                **({"against": comparisons[label].as_dict()} if label in comparisons else {}),
             }
             for label, fs in results.items()
         }
@@ -236,11 +318,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"format: {fmt}")
         print(
             "\n\n".join(
-                format_findings(label, fs, cfg, run_notes(runs[label])) for label, fs in results.items()
+                format_findings(label, fs, cfg, run_notes(runs[label]))
+                + "".join(
+                    "\n" + line for line in (comparisons[label].lines() if label in comparisons else [])
+                )
+                for label, fs in results.items()
             )
         )
     if args.report:
-        write_report(args.report, args.run, runs, results, references, cfg, args.max_figures)
+        path = write_report(args.report, args.run, runs, results, references, cfg, args.max_figures)
+        if comparisons:
+            from .against import append_report
+
+            append_report(path, comparisons, args.max_figures)
         print(f"\nreport: {args.report / 'report.md'}")
     if args.fail_on:
         level = SEVERITY[args.fail_on]

@@ -114,6 +114,11 @@ class HealthConfig:
     grad_zero_rows: int = 3
     """This many consecutive rows of a gradient norm of exactly 0: no gradient (warning);
     half the rows or more: failing."""
+    zero_loss_rows: int = 10
+    """This many consecutive rows of a policy loss of exactly 0, with nothing else in the log
+    showing a gradient (no grad norm, reward spread within groups or advantage above 0 in those
+    rows): no learning signal (failing; a warning while the outcome still rises, since GRPO's
+    loss also reads 0 at each batch's first update)."""
     skipped_fail_frac: float = 0.1
     """Share of optimizer steps skipped (non-finite) above which it fails."""
 
@@ -126,7 +131,7 @@ class HealthConfig:
                 raise ValueError(f"{f.name}: expected a finite number, got {value!r}")
             if value < 0:
                 raise ValueError(f"{f.name}: must be >= 0, got {value}")
-        for name in ("window", "min_points", "grad_zero_rows", "flat_windows"):
+        for name in ("window", "min_points", "grad_zero_rows", "flat_windows", "zero_loss_rows"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {getattr(self, name)}")
         for name in _FRACTIONS:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from . import (
     wandb_offline,
 )
 from .base import CERTAIN, Reader, RunLogError, Text
-from .names import metric_name, normalize, number
+from .names import columns, metric_name, normalize, number, parse_map, user_names
 
 READERS: dict[str, Reader] = {
     r.name: r
@@ -116,14 +117,72 @@ def schema_row(raw: Mapping[str, Any]) -> dict[str, float]:
     return {"step": int(step) if float(step).is_integer() else float(step), **normalize(raw)}
 
 
-def read_runs(path: str | Path, fmt: str = "auto") -> tuple[Runs, list[str], str]:
+@dataclass(frozen=True)
+class Reading:
+    """What was read from a log: its runs in the schema, the reading notes, the format, and the
+    columns: each numeric column read (with the metric it was read as) and each not read."""
+
+    runs: Runs
+    notes: list[str]
+    format: str
+    read: dict[str, str]
+    unread: list[str]
+
+    def columns_said(self) -> list[str]:
+        """What the reader recognised and what it left, as lines for the user."""
+        out = []
+        if self.read:
+            out.append("read: " + ", ".join(f"{k} as {v}" if k != v else k for k, v in self.read.items()))
+        if self.unread:
+            out.append(_unread_hint(self.unread))
+        return out
+
+
+def read_runs(
+    path: str | Path, fmt: str = "auto", names: Mapping[str, str] | None = None
+) -> tuple[Runs, list[str], str]:
     """The runs in a log, keyed by a label (one run, ``run``, unless the file holds several),
-    in this schema and sorted by step; with reading notes and the format read."""
-    file = resolve(path)
+    in this schema and sorted by step; with reading notes and the format read (:func:`read_log`)."""
+    r = read_log(path, fmt, names)
+    return r.runs, r.notes, r.format
+
+
+def read_log(path: str | Path, fmt: str = "auto", names: Mapping[str, str] | None = None) -> Reading:
+    """:func:`read_runs` with the columns said: which numeric columns were read as what, and
+    which were not (to map with ``names``: the user's own column names, :func:`.names.parse_map`,
+    ``dapo diagnose --map``; None: the names already in force)."""
+    if names is None:
+        return _read_log(resolve(path), fmt)
+    with user_names(names):
+        return _read_log(resolve(path), fmt)
+
+
+def _unread_hint(unread: list[str]) -> str:
+    shown = ", ".join(unread[:12]) + (f" and {len(unread) - 12} more" if len(unread) > 12 else "")
+    example = unread[0].replace("'", "")
+    return (
+        f"numeric column(s) not read, their names being unknown here: {shown}; if one is a metric, "
+        f"map it, e.g. --map '{example}=reward' (a schema name or a logged name such as reward, accuracy, "
+        "grad_norm, kl, entropy)"
+    )
+
+
+def _read_log(file: Path, fmt: str) -> Reading:
     if fmt != "auto" and fmt not in READERS:
         raise RunLogError(f"unknown format {fmt!r} ({', '.join(FORMATS)})")
-    reader = detect(file) if fmt == "auto" else READERS[fmt]
+    try:
+        reader = detect(file) if fmt == "auto" else READERS[fmt]
+    except RunLogError as err:
+        tables = [row for _, row in hf_table._rows(Text(file).lines)] if not file.is_dir() else []
+        _, unread = columns(tables)
+        if unread:
+            raise RunLogError(
+                f"{file}: a table of {len(tables)} row(s) with a step column, but no column this tool knows; "
+                + _unread_hint(unread)
+            ) from None
+        raise err
     rows, notes = reader.read(file)
+    read, unread = columns(rows)
     runs: Runs = {}
     nonnumeric: list[str] = []
     for raw in rows:
@@ -148,11 +207,14 @@ def read_runs(path: str | Path, fmt: str = "auto") -> tuple[Runs, list[str], str
     if not runs:
         hint = "" if fmt == "auto" else f" (read as --format {fmt}; try --format auto)"
         why = f" ({notes[0]})" if notes else ""
-        raise RunLogError(f"{file}: no metric this tool knows occurs in the {reader.name} rows{hint}{why}")
+        said = f"; {_unread_hint(unread)}" if unread else ""
+        raise RunLogError(
+            f"{file}: no metric this tool knows occurs in the {reader.name} rows{hint}{why}{said}"
+        )
     for run in runs.values():
         run.sort(key=lambda r: r["step"])
         _accuracy_in_range(run, notes)
-    return runs, notes, reader.name
+    return Reading(runs, notes, reader.name, read, unread)
 
 
 def _accuracy_in_range(run: list[dict[str, float]], notes: list[str]) -> None:
@@ -176,10 +238,14 @@ __all__ = [
     "READERS",
     "WANDB_CONSOLE",
     "Reader",
+    "Reading",
     "RunLogError",
     "Runs",
     "detect",
+    "parse_map",
+    "read_log",
     "read_runs",
     "resolve",
     "schema_row",
+    "user_names",
 ]

@@ -12,7 +12,9 @@ A line is a row when it names a step (``step``, ``global_step``, ``iter``, ``ite
 ``(e - 1) N + n``) and at least one pair whose key this tool knows (:mod:`.names`; a key of
 capitalised words, ``Actor Loss``, is read as ``actor_loss``). A line that is one known ``key: value`` (words allowed in the key, as
 DeepSpeed-Chat's ``average reward score: 0.21``) within two lines of a row belongs to it.
-Every other line (status lines, config dumps, tracebacks) is noise."""
+Every other line (status lines, config dumps, tracebacks) is noise. In a row, the pairs whose
+key is not known are kept under the key as printed: they are listed as unread, and the user
+can map them (``--map``)."""
 
 from __future__ import annotations
 
@@ -43,11 +45,12 @@ def parse(line: str) -> dict[str, Any] | None:
     if step is None:
         return None
     row: dict[str, Any] = {}
+    known = False
     for m in PAIR.finditer(line, step.end()):
         key = _key(m.group(1))
-        if key is not None:
-            row[key] = number(m.group(2))
-    if not row:
+        known = known or key is not None
+        row.setdefault(key if key is not None else m.group(1).strip(), number(m.group(2)))
+    if not known:
         return None
     if step.re is STEP:
         row["step"] = int(step.group(1))

@@ -16,7 +16,14 @@ Column names are the logged names, with "Training Loss" for ``loss`` and ``rewar
 (``| Step | Loss | Reward | KL |``): a header is matched case-insensitively, with units in
 parentheses dropped and spaces read as underscores (``Grad Norm`` -> ``grad_norm``); a cell in
 percent is a share (``18.0%`` -> 0.18), and a reward given in percent a success rate
-(accuracy)."""
+(accuracy).
+
+Any table whose header names a step column (``Step``, ``Iter``, ``Iteration``, ``Update``,
+``global_step``), wherever it stands (a wall-clock ``Time`` column before it is common), is
+read column by column: every numeric column is kept under its header, those with a known name
+are judged, the others are listed by :func:`dapo.health.readers.read_runs` with how to map them
+(``--map 'Pre=reward'``). A table counts toward detecting the format only by its rows with a
+known metric."""
 
 from __future__ import annotations
 
@@ -41,29 +48,38 @@ RULE = re.compile(r"^[\s|:+=-]*-[\s|:+=-]*$")
 """A line drawn under a header (``----``, ``-- | --``, ``+-----+``, ``====``)."""
 
 
-def _header(cells: list[str], spaced: bool = False) -> list[str] | None:
-    if len(cells) < 2 or cells[0].lower() not in ("step", "steps"):
+STEP_NAMES = ("step", "steps", "iter", "iteration", "update", "global_step")
+
+
+def _header(cells: list[str], spaced: bool = False) -> tuple[int, list[str]] | None:
+    """The step column's index and each column's name, when ``cells`` are a header: a step
+    column and at least one other; spaced headers hold no number ('step 5 loss 0.3' is a row of
+    another format)."""
+    lowered = [c.strip("`*_ ").lower() for c in cells]
+    at = next((i for i, c in enumerate(lowered) if c in STEP_NAMES), None)
+    if at is None or len(cells) < 2 or at > 2:
         return None
     if spaced and any(number(c) is not None for c in cells):
-        return None  # 'step 5 loss 0.3' is a row of another format, not a header
-    names = [_name(c) for c in cells]
-    return names if any(metric_name(n) for n in names[1:]) else None
+        return None
+    return at, [_name(c) for c in cells]
 
 
 def _name(cell: str) -> str:
     """A column's metric name: as logged (in `backticks` too), or normalised as people type it
-    in a journal."""
-    cell = cell.strip("`")
+    in a journal; a name this tool does not know stays as written (the user maps it)."""
+    cell = cell.strip("`*_ ")
     name = re.sub(r"\s*/\s*", "/", cell)
     if name in RENAME or metric_name(name):
         return RENAME.get(name, name)
     lower = UNITS.sub(" ", cell.lower()).strip()
-    return RENAME.get(lower, re.sub(r"\s+", "_", re.sub(r"\s*/\s*", "/", lower)))
+    typed = RENAME.get(lower, re.sub(r"\s+", "_", re.sub(r"\s*/\s*", "/", lower)))
+    return typed if metric_name(typed) else cell
 
 
 def _rows(lines: list[str]) -> list[tuple[int, dict[str, Any]]]:
+    """Every table row with at least one numeric cell besides its step."""
     out: list[tuple[int, dict[str, Any]]] = []
-    header: list[str] | None = None
+    header: tuple[int, list[str]] | None = None
     spaced = False  # the header's cells were separated by spaces, not '|' or tabs
     for i, line in enumerate(lines, 1):
         if header is not None and RULE.match(line):
@@ -77,22 +93,25 @@ def _rows(lines: list[str]) -> list[tuple[int, dict[str, Any]]]:
         if not piped and not spaced:
             header = None if line.strip() else header
             continue
-        if cells:
-            cells[0] = cells[0].strip("*_ ")  # a step in **bold** (a journal marking the row)
-        if header is None or len(cells) != len(header) or not cells[0].isdigit():
+        at = header[0] if header is not None else 0
+        if len(cells) > at:
+            cells[at] = cells[at].strip("*_ ")  # a step in **bold** (a journal marking the row)
+        if header is None or len(cells) != len(header[1]) or not cells[at].isdigit():
             if not piped and line.strip() and line.strip() != "..." and not cells[0].isdigit():
                 header = None  # a table of spaced columns ends at the first line that is not a row
             continue
-        row: dict[str, Any] = {"step": int(cells[0])}
-        for name, cell in zip(header[1:], cells[1:]):
+        row: dict[str, Any] = {"step": int(cells[at])}
+        for j, (name, cell) in enumerate(zip(header[1], cells)):
+            if j == at:
+                continue
             cell = cell.strip("*_ ")  # **bold** in a journal
             percent = cell.endswith("%")
             v = number(cell.removesuffix("%"))
-            if v is None or not metric_name(name):
+            if v is None:
                 continue
-            if percent:  # a share: a reward given in percent is a success rate
+            if percent or name.endswith("%"):  # a share: a reward given in percent is a success rate
                 v /= 100
-                name = "accuracy" if metric_name(name) == "rollout/reward_mean" else name
+                name = "accuracy" if metric_name(name) == "rollout/reward_mean" and percent else name
             row[name] = v
         if len(row) > 1:
             out.append((i, row))
@@ -105,7 +124,7 @@ def _read(path: Path) -> tuple[Rows, list[str]]:
 
 
 def _sniff(path: Path, text: Text) -> int:
-    return len(_rows(text.lines))
+    return sum(any(metric_name(k) for k in row if k != "step") for _, row in _rows(text.lines))
 
 
 READER = Reader(

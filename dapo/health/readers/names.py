@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from ...schema import SCHEMA
@@ -91,6 +93,8 @@ CUSTOM = {
     "completion_length_mean": "rollout/length_mean",
     "gnorm": "actor/grad_norm",  # fairseq-style abbreviations of the gradient norm
     "gradn": "actor/grad_norm",
+    "adv_std": "rollout/advantage_std",  # MiniMind and other hand-written GRPO loops
+    "advantage_std": "rollout/advantage_std",
     "truncation_rate": "rollout/truncation_rate",
     "clipped_ratio": "rollout/truncation_rate",
 }
@@ -119,8 +123,69 @@ ACCURACY = re.compile(r"^(?:train/)?rewards?/(?:accuracy|correctness|correct|acc
 """TRL's per-function reward columns that are an accuracy (0/1 per response)."""
 
 
+BOOKKEEPING = re.compile(
+    r"(?i)^(?:epoch|epochs|lr|learning_rate|learning rate|time|timestamp|elapsed|eta|step_time|"
+    r"global_step|total_flos|train_runtime|train_samples_per_second|train_steps_per_second|"
+    r"(?:actor|critic)/lr|(?:timing_s|timing_per_token_ms|perf|time|throughput)/.*|"
+    r"(?:global_seqlen|prompt_length|critic/returns|critic/values)/.*|\d+)$"
+)
+"""Columns a log keeps for its own bookkeeping (schedule, clock, throughput, sizes): known not
+to be health metrics, so never listed as unread."""
+
+_USER: ContextVar[Mapping[str, str] | None] = ContextVar("dapo_health_user_names", default=None)
+"""The user's own names for this read (``dapo diagnose --map``): folded log name -> schema name."""
+
+
+def _fold(key: str) -> str:
+    return re.sub(r"[\s_]+", "_", key.strip().strip("`").lower())
+
+
+def parse_map(items: list[str] | Mapping[str, Any], where: str = "--map") -> dict[str, str]:
+    """The user's mapping of a log's column names onto metrics: ``["Pre=reward,GradN=grad_norm"]``
+    (pairs separated by commas), or a mapping read from a file. A target is a schema name
+    (``rollout/reward_mean``) or any name this tool reads (``reward``, ``grad_norm``, ``kl``);
+    anything else is a ``ValueError`` naming it."""
+    pairs: list[tuple[str, Any]] = []
+    if isinstance(items, Mapping):
+        pairs = list(items.items())
+    else:
+        for item in items:
+            for part in filter(None, (p.strip() for p in item.split(","))):
+                name, sep, target = part.partition("=")
+                if not sep or not name.strip() or not target.strip():
+                    raise ValueError(f"{where}: {part!r} is not COLUMN=METRIC")
+                pairs.append((name, target))
+    out: dict[str, str] = {}
+    for name, target in pairs:
+        if not isinstance(name, str) or not isinstance(target, str):
+            raise ValueError(f"{where}: {name!r}: {target!r} is not a column name and a metric name")
+        schema = metric_name(target.strip())
+        if schema is None:
+            raise ValueError(
+                f"{where}: {name.strip()}={target.strip()}: {target.strip()!r} is not a metric this tool reads "
+                "(a schema name such as rollout/reward_mean, or a logged name such as reward, accuracy, "
+                "grad_norm, kl, entropy, loss, completion_length)"
+            )
+        out[_fold(name)] = schema
+    return out
+
+
+@contextmanager
+def user_names(mapping: Mapping[str, str]) -> Iterator[None]:
+    """Read with the user's names (:func:`parse_map`'s result) as well as the known ones."""
+    token = _USER.set(mapping)
+    try:
+        yield
+    finally:
+        _USER.reset(token)
+
+
 def metric_name(key: str) -> str | None:
-    """The schema name a log's key stands for, or None for a key this tool does not read."""
+    """The schema name a log's key stands for, or None for a key this tool does not read. The
+    user's own names (:func:`user_names`) come first."""
+    user = _USER.get()
+    if user and _fold(key) in user:
+        return user[_fold(key)]
     if key in SCHEMA and key != "step":
         return key
     if key in NAMES:
@@ -135,6 +200,32 @@ def metric_name(key: str) -> str | None:
     if EVAL.match(key):
         return "eval/score"
     return None
+
+
+SPECIAL = ("critic/advantages/max", "critic/advantages/min", "batch/solve_none", "batch/solve_all")
+"""Keys :func:`normalize` reads itself (into ``rollout/advantage_abs_max`` and the group shares)."""
+
+
+def columns(rows: Sequence[Mapping[str, Any]]) -> tuple[dict[str, str], list[str]]:
+    """What a log's rows hold: each numeric column this tool reads, with the metric it is read
+    as, and each numeric column it does not read (bookkeeping such as the learning rate or the
+    clock left out, :data:`BOOKKEEPING`), in the order they first occur."""
+    read: dict[str, str] = {}
+    unread: dict[str, None] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key in ("step", "_line", "_run") or key in read or key in unread:
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            name = metric_name(key) or FALLBACK.get(key)
+            if name is not None:
+                read[key] = name
+            elif key in SPECIAL:
+                read[key] = "rollout/advantage_abs_max" if key.startswith("critic/") else "rollout/groups_*"
+            elif not BOOKKEEPING.match(key) and not key.startswith("batch/"):
+                unread[key] = None
+    return read, list(unread)
 
 
 def _share(row: Mapping[str, Any], out: dict[str, float]) -> None:

@@ -87,6 +87,27 @@ def outcome(run: Run) -> tuple[str, Series]:
     return ("accuracy", acc) if acc else ("reward", series(run, "rollout/reward_mean"))
 
 
+OUTCOMES = (
+    ("accuracy", "rollout/accuracy"),
+    ("reward", "rollout/reward_mean"),
+    ("validation score", "eval/score"),
+)
+"""Every column that measures success (higher is better), with the name the evidence uses."""
+
+
+def outcomes(run: Run) -> list[tuple[str, Series]]:
+    """Every outcome the run logs (:data:`OUTCOMES`), each under its own name."""
+    return [(name, s) for name, key in OUTCOMES if (s := series(run, key))]
+
+
+def row_noise(s: Series) -> float:
+    """The per-row noise of ``s`` around its own course: the median absolute difference of
+    consecutive rows / 0.954 (for independent normal noise of sd sigma, that median is
+    0.954 sigma). A trend or a single jump moves few differences, so neither inflates it."""
+    d = sorted(abs(b - a) for a, b in zip(s.values, s.values[1:]))
+    return d[len(d) // 2] / 0.954 if d else 0.0
+
+
 def saturation(run: Run, name: str, level: float) -> float | None:
     """Where ``level`` of the outcome lies in its possible range (0: the bottom, 1: the top):
     accuracy is in [0, 1]; a reward between the smallest and largest reward the log holds
@@ -129,15 +150,21 @@ def val_margin(best: float, c: HealthConfig) -> float:
     return max(0.01, c.val_drop * abs(best))
 
 
-def effect(s: Series, c: HealthConfig) -> float:
-    """The smallest change of ``s`` that counts as one: ``min_gain_frac`` of the spread of its
-    values (5th to 95th percentile) and ``min_gain_rel`` of their magnitude, so that a
-    significant but negligible drift (0.2056 -> 0.2064) is no rise."""
-    v = sorted(s.values)
-    if not v:
+def effect(s: Series, c: HealthConfig, *, smoothed: bool = True) -> float:
+    """The smallest change of ``s`` that counts as one: ``min_gain_frac`` of the spread (5th to
+    95th percentile) of its smoothed curve (the moving mean over a window) and ``min_gain_rel``
+    of the values' magnitude, so that a significant but negligible drift (0.2056 -> 0.2064) is
+    no rise. The smoothed curve, not the rows: with a few responses a step the rows scatter
+    over the whole reward range, and a quarter of that spread hid real rises (reasoning-rl
+    train5: 0.70 -> 1.23 on a 0-2 reward); the curve's spread is the run's own course plus the
+    noise left after smoothing. ``smoothed=False``: the rows' spread, the scale on which the
+    not-learning rule shows that a rise is *absent* (its upper bound below a quarter of the
+    rows' scatter), which a flat run's small smoothed spread could not."""
+    if not s.values:
         return 0.0
+    v = sorted(s.moving(c) if smoothed else s.values)
     spread = v[int(0.95 * (len(v) - 1))] - v[int(0.05 * (len(v) - 1))]
-    return max(c.min_gain_frac * spread, c.min_gain_rel * max(abs(v[0]), abs(v[-1])))
+    return max(c.min_gain_frac * spread, c.min_gain_rel * max(abs(x) for x in s.values))
 
 
 def learns(run: Run, c: HealthConfig) -> bool:

@@ -6,7 +6,9 @@ quarter (of a run of two windows or more) is a warning, and failing over a long 
 (``flat_windows`` windows or more); flat at ``saturated_frac`` of its range or above, it is at the
 ceiling (a warning, as the other rules call it converged). The absence of a rise must be shown, not assumed: where the
 change is no significant rise but a rise that counts (:func:`~.base.effect`) still lies within
-one standard error of it, the rule cannot judge yet (a few noisy rows say neither)."""
+one standard error of it, the rule cannot judge yet (a few noisy rows say neither). A rise
+counts against the smoothed curve's spread; its absence is shown against the rows' spread
+(:func:`~.base.effect`)."""
 
 from __future__ import annotations
 
@@ -75,9 +77,9 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
         return too_few(longest, c, 2, "accuracy / reward")
     if main.covers(c, 2):
         g, noise = gain(main)
-        least = effect(main, c)
+        least, absent = effect(main, c), effect(main, c, smoothed=False)
         parts.append(f"first to last quarter {g:+.3g} (+-{noise:.2g}; a rise counts from {least:.2g})")
-        if g + noise >= least and g <= noise:
+        if g + noise >= absent and g <= noise:
             return unknown(
                 TOO_FEW_STEPS,
                 "; ".join(parts)

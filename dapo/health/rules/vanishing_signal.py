@@ -1,13 +1,18 @@
 """Vanishing signal (paper Fig. 3b): the share of groups whose responses all score alike
 (accuracy 1 or 0, so advantage 0 and no gradient) is high and rising, or dynamic sampling
 needs more and more rounds / cannot fill the batch. A gradient norm or advantages of exactly
-0 say the same thing directly."""
+0 say the same thing directly, and so does a policy loss of exactly 0 over many consecutive
+rows when nothing else in the log shows a gradient (:func:`_zero_loss`): a hand-written loop
+whose every group scored alike, or whose loss is detached, logs exactly that and nothing more.
+GRPO's loss is 0 at each batch's first update too (the advantages of a group sum to 0), so a
+zero loss beside a non-zero gradient norm, a reward spread within groups or non-zero
+advantages is no evidence, and one while the outcome rises only a warning."""
 
 from __future__ import annotations
 
 from ..config import HealthConfig
 from ..series import Run, Series, mean, series, slope
-from .base import Judgement, Knobs, Rule, not_logged, too_few
+from .base import Judgement, Knobs, Rule, learns, not_logged, too_few
 
 
 def uniform_share(run: Run) -> Series:
@@ -30,7 +35,48 @@ def _zero_grads(run: Run, c: HealthConfig) -> tuple[float | None, str]:
     return zeros[0], f"grad norm exactly 0 in {len(zeros)} of {len(gn)} rows"
 
 
+SIGNS = ("actor/grad_norm", "rollout/reward_std", "rollout/advantage_abs_max", "rollout/advantage_std")
+"""Metrics whose non-zero value shows that an update had a gradient."""
+
+
+def _zero_loss(run: Run, c: HealthConfig) -> Judgement | None:
+    """The longest stretch of consecutive rows with a policy loss of exactly 0; a judgement when
+    it is ``c.zero_loss_rows`` long or longer and no row in it shows a gradient (:data:`SIGNS`)."""
+    best: list[int] = []
+    cur: list[int] = []
+    for i, row in enumerate(run):
+        v = row.get("actor/loss")
+        if v is None:
+            continue
+        cur = [*cur, i] if v == 0 else []
+        if len(cur) > len(best):
+            best = cur
+    if len(best) < c.zero_loss_rows:
+        return None
+    rows = [run[i] for i in best]
+    if any(isinstance(r.get(k), (int, float)) and r[k] != 0 for r in rows for k in SIGNS):
+        return None
+    steps = [float(r.get("step", i)) for r, i in zip(rows, best)]
+    ev = (
+        f"policy loss exactly 0 in {len(best)} consecutive rows (steps {steps[0]:g}-{steps[-1]:g}), "
+        "and no grad norm, reward spread or advantage in them shows a gradient"
+    )
+    if learns(run, c):
+        return Judgement("warning", steps[0], ev + "; the outcome still rises: log the gradient norm to tell")
+    return Judgement("failing", steps[0], ev + ": no learning signal")
+
+
 def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
+    found = _signal(run, c, knobs)
+    zero = _zero_loss(run, c)
+    if zero is None or (found.status in ("warning", "failing")):
+        return found
+    if found.status == "healthy":
+        zero = Judgement(zero.status, zero.since, f"{found.evidence}; {zero.evidence}", zero.advice)
+    return zero
+
+
+def _signal(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     share, rounds = uniform_share(run), series(run, "sampling/rounds")
     under, adv = series(run, "sampling/underfilled"), series(run, "rollout/advantage_abs_max")
     zero_at, zero_ev = _zero_grads(run, c)
