@@ -212,9 +212,12 @@ def test_malformed_and_partial_logs(tmp_path):
     f.write_text('{"step": 0, "actor/entropy": "high"}\n')
     with pytest.raises(RunLogError, match=r"m.jsonl:1: actor/entropy: expected a number"):
         read_runs(f)
-    f.write_text('{"actor/entropy": 1.0}\n')
-    with pytest.raises(RunLogError, match="no 'step'"):
-        read_runs(f)
+    f.write_text('{"actor/entropy": 1.0}\n{"actor/entropy": 0.9}\n')  # no step anywhere: numbered, and said
+    runs, notes, _ = read_runs(f)
+    assert [r["step"] for r in runs["run"]] == [1, 2] and "rows are numbered 1..2" in notes[0]
+    f.write_text('{"step": 0, "actor/entropy": 1.0}\n{"step": 1, "actor/entr}\n')  # cut mid-record
+    runs, notes, _ = read_runs(f)
+    assert len(runs["run"]) == 1 and "cut mid-record" in notes[0]
     f.write_text('{"step": 0, "actor/entropy": 1.0}\n{"step": 1, "actor/entr')  # still being written
     runs, notes, _ = read_runs(f)
     assert len(runs["run"]) == 1 and "partial last line" in notes[0]

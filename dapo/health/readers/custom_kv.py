@@ -14,7 +14,13 @@ capitalised words, ``Actor Loss``, is read as ``actor_loss``). A line that is on
 DeepSpeed-Chat's ``average reward score: 0.21``) within two lines of a row belongs to it.
 Every other line (status lines, config dumps, tracebacks) is noise. In a row, the pairs whose
 key is not known are kept under the key as printed: they are listed as unread, and the user
-can map them (``--map``)."""
+can map them (``--map``).
+
+Two more spellings: MLX-LM's GRPO trainer separates its pairs by commas and a name from its
+value by a space (``Iter 80: Train loss 0.000, Total rewards mean 0.000, KL 0.001, Peak mem
+34.7 GB``); and some loops print no step at all (``[Epoch 0.28]  loss=-0.047  grad=0.084
+reward=0.102±0.077``): in a file where no line names a step, a line with two or more known
+``key=value`` pairs is a row, the rows are numbered, and the reader says so."""
 
 from __future__ import annotations
 
@@ -44,12 +50,9 @@ def parse(line: str) -> dict[str, Any] | None:
     step = STEP.search(line) or EPOCH_STEP.search(line)
     if step is None:
         return None
-    row: dict[str, Any] = {}
-    known = False
-    for m in PAIR.finditer(line, step.end()):
-        key = _key(m.group(1))
-        known = known or key is not None
-        row.setdefault(key if key is not None else m.group(1).strip(), number(m.group(2)))
+    row, known = _pairs(line, step.end())
+    if not known:
+        row, known = _spaced(line[step.end() :])
     if not known:
         return None
     if step.re is STEP:
@@ -58,6 +61,49 @@ def parse(line: str) -> dict[str, Any] | None:
         e, n, total = (int(g) for g in step.groups())
         row["step"] = (e - 1) * total + n
     return row
+
+
+def _pairs(line: str, start: int = 0) -> tuple[dict[str, Any], int]:
+    """The ``key=value`` / ``key: value`` pairs of ``line`` from ``start`` (unknown keys as
+    printed), and how many keys are known."""
+    row: dict[str, Any] = {}
+    known = 0
+    for m in PAIR.finditer(line, start):
+        key = _key(m.group(1))
+        known += key is not None
+        row.setdefault(key if key is not None else m.group(1).strip(), number(m.group(2)))
+    return row, known
+
+
+SPACED = re.compile(
+    r"^\s*([A-Za-z][\w./-]*(?: [A-Za-z][\w./-]*){0,4})\s+([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|[-+]?inf)"
+    r"(?:\s*[A-Za-z%/]{1,4})?\s*$",
+    re.IGNORECASE,
+)
+"""One comma-separated ``name value [unit]`` item (MLX-LM: ``Total rewards mean 0.000``)."""
+
+
+def _spaced(rest: str) -> tuple[dict[str, Any], int]:
+    row: dict[str, Any] = {}
+    known = 0
+    for item in rest.lstrip(" :]-|").split(","):
+        m = SPACED.match(item)
+        if m is None:
+            continue
+        key = _key(m.group(1))
+        known += key is not None
+        row.setdefault(key if key is not None else m.group(1).strip(), number(m.group(2)))
+    return row, known
+
+
+def unstepped(line: str) -> dict[str, Any] | None:
+    """A line without a step with two or more known ``key=value`` pairs (a row where no line of
+    the file names a step), else None."""
+    if "=" not in line or STEP.search(line) or EPOCH_STEP.search(line):
+        return None
+    row, known = _pairs(line)
+    eq = sum(1 for m in PAIR.finditer(line) if "=" in line[m.end(1) : m.start(2)] and _key(m.group(1)))
+    return row if known >= 2 and eq >= 2 else None
 
 
 def _key(text: str) -> str | None:
@@ -97,7 +143,16 @@ def _rows(lines: list[str]) -> list[dict[str, Any]]:
 
 def _read(path: Path) -> tuple[Rows, list[str]]:
     lines, _ = text_lines(path)
-    return _rows(lines), []
+    rows = _rows(lines)
+    if rows:
+        return rows, []
+    loose = [{**row, "_line": i} for i, line in enumerate(lines, 1) if (row := unstepped(line)) is not None]
+    for n, row in enumerate(loose, 1):
+        row["step"] = n
+    note = (
+        f"{path}: no line names a step: the {len(loose)} rows of key=value pairs are numbered 1..{len(loose)}"
+    )
+    return loose, [note] if loose else []
 
 
 def _candidate(line: str) -> bool:
@@ -106,7 +161,10 @@ def _candidate(line: str) -> bool:
 
 
 def _sniff(path: Path, text: Text) -> int:
-    return count_rows(text.lines, _candidate, lambda line: parse(line) is not None)
+    stepped = count_rows(text.lines, _candidate, lambda line: parse(line) is not None)
+    if stepped:
+        return stepped
+    return count_rows(text.lines, lambda line: "=" in line, lambda line: unstepped(line) is not None)
 
 
 READER = Reader(

@@ -37,6 +37,8 @@ from .names import metric_name, number
 SPLIT = re.compile(r"\s*\|\s*|\t+")
 RENAME = {"training loss": "loss", "validation loss": "eval_loss"}
 UNITS = re.compile(r"\s*\([^)]*\)\s*")
+COUNT = re.compile(r"\s*\(\s*\d+\s*/\s*\d+\s*\)\s*$")
+"""A count after a share in a cell: ``68.0% (34/50)``."""
 
 
 def _cells(line: str) -> list[str]:
@@ -67,7 +69,7 @@ def _header(cells: list[str], spaced: bool = False) -> tuple[int, list[str]] | N
 def _name(cell: str) -> str:
     """A column's metric name: as logged (in `backticks` too), or normalised as people type it
     in a journal; a name this tool does not know stays as written (the user maps it)."""
-    cell = cell.strip("`*_ ")
+    cell = re.sub(r"^[^\w(]+", "", cell.strip("`*_ "))  # a leading emoji or mark ('🏆 Eval Reward')
     name = re.sub(r"\s*/\s*", "/", cell)
     if name in RENAME or metric_name(name):
         return RENAME.get(name, name)
@@ -104,7 +106,7 @@ def _rows(lines: list[str]) -> list[tuple[int, dict[str, Any]]]:
         for j, (name, cell) in enumerate(zip(header[1], cells)):
             if j == at:
                 continue
-            cell = cell.strip("*_ ")  # **bold** in a journal
+            cell = COUNT.sub("", cell.strip("*_ ")).strip("*_ ")  # **bold** in a journal; '68.0% (34/50)'
             percent = cell.endswith("%")
             v = number(cell.removesuffix("%"))
             if v is None:

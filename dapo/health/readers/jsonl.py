@@ -1,7 +1,11 @@
 """This project's ``metrics.jsonl`` (one JSON object per step), and any JSONL of metric names:
-verl's file logger (``{"step": n, "data": {...}}``), W&B ``history`` dumps (``_step``). A record
-with neither a step nor a metric (a ``{"type": "config", ...}`` line that custom loggers write
-first) is skipped and said; a record with metrics but no step is an error naming its line."""
+verl's file logger (``{"step": n, "data": {...}}``), W&B ``history`` dumps (``_step``),
+LLaMA-Factory's ``trainer_log.jsonl`` (``current_steps``). A record with neither a step nor a
+metric (a ``{"type": "config", ...}`` line that custom loggers write first) is skipped and said;
+a record with metrics but no step, among records with one, is an error naming its line; a file
+whose records never carry a step (a user's own ``json.dumps(metrics)`` per logging call) has
+its rows numbered, and says so. A last line that is not valid JSON (a log cut mid-record by a
+crash, a copy or a writer still running) is skipped and said."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ STEP_KEYS = (
     "_step",
     "update",
     "iteration",
+    "current_steps",
 )
 """Where a row's training step is, in order of preference (W&B's ``_step`` counts log calls,
 which is the training step only when the trainer passes it; ms-swift logs
@@ -34,17 +39,23 @@ def step_of(row: dict[str, Any]) -> object:
 
 
 def _read(path: Path) -> tuple[Rows, list[str]]:
-    rows, notes = [], []
+    rows: Rows = []
+    notes: list[str] = []
+    unstepped: list[int] = []
     lines, complete = text_lines(path)
     last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        if line.strip() in ("...", "…"):  # rows left out where the log was pasted
+            notes.append(f"{path}:{i}: '...' (rows left out) skipped")
+            continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            if i == last and not complete:
-                notes.append(f"{path}:{i}: partial last line skipped (the run is still being written?)")
+            if i == last:
+                still = " (the run is still being written?)" if not complete else " (cut mid-record)"
+                notes.append(f"{path}:{i}: partial last line skipped{still}")
                 continue
             raise RunLogError(f"{path}:{i}: not valid JSON ({err.msg})") from None
         if not isinstance(row, dict):
@@ -55,13 +66,22 @@ def _read(path: Path) -> tuple[Rows, list[str]]:
             if not any(metric_name(k) for k in row):  # a record of the run's config, not a step
                 notes.append(f"{path}:{i}: a record without a step or a metric (the run's config?) skipped")
                 continue
-            raise RunLogError(f"{path}:{i}: no 'step' field (nor {', '.join(STEP_KEYS[1:])})")
-        row["step"] = step_of(row)
+            unstepped.append(i)
+        else:
+            row["step"] = step_of(row)
         row["_line"] = i
         label = "/".join(f"{k}={row[k]}" for k in ("experiment", "arm", "seed") if k in row)
         if label:
             row["_run"] = label
         rows.append(row)
+    if unstepped and len(unstepped) < len(rows):
+        raise RunLogError(f"{path}:{unstepped[0]}: no 'step' field (nor {', '.join(STEP_KEYS[1:])})")
+    if unstepped:
+        for n, row in enumerate(rows, 1):
+            row["step"] = n
+        notes.append(
+            f"{path}: no record has a step ({', '.join(STEP_KEYS)}): rows are numbered 1..{len(rows)}"
+        )
     return rows, notes
 
 

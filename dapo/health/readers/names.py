@@ -93,6 +93,10 @@ CUSTOM = {
     "completion_length_mean": "rollout/length_mean",
     "gnorm": "actor/grad_norm",  # fairseq-style abbreviations of the gradient norm
     "gradn": "actor/grad_norm",
+    "total_rewards_mean": "rollout/reward_mean",  # MLX-LM's GRPO trainer
+    "grouped_rewards_std": "rollout/reward_std",  # MLX-LM: the within-group spread
+    "grad": "actor/grad_norm",  # 'loss=... grad=... lr=...' loops
+    "frac_zero_std": "rollout/groups_uniform",  # TRL's frac_reward_zero_std, shortened
     "adv_std": "rollout/advantage_std",  # MiniMind and other hand-written GRPO loops
     "advantage_std": "rollout/advantage_std",
     "truncation_rate": "rollout/truncation_rate",
@@ -270,7 +274,7 @@ def normalize(row: Mapping[str, Any]) -> dict[str, float]:
 
 def number(text: str) -> float | None:
     """A number as logs print it: ``0.5``, ``nan``, ``-inf``, ``np.float64(0.5)``,
-    ``tensor(0.5)``, the mean of a ``mean|std`` pair; None for anything else."""
+    ``tensor(0.5)``, the mean of a ``mean|std`` or ``mean±std`` pair; None for anything else."""
     try:  # the common case first: a plain number
         value = float(text)
     except ValueError:
@@ -282,9 +286,11 @@ def number(text: str) -> float | None:
             else None
         )
     text = text.strip()
-    mean, bar, spread = text.partition("|")  # "52.5|37.7": mean|std, as some loggers print a pair
-    if bar and number(spread) is not None:
-        return number(mean)
+    for sep in ("|", "±", "+-", "+/-"):  # "52.5|37.7", "0.102±0.077": mean and std, as loggers print a pair
+        mean, bar, spread = text.partition(sep)
+        if bar and mean and number(spread) is not None:
+            return number(mean)
+
     m = re.fullmatch(r"(?:np\.\w+|numpy\.\w+|tensor|float)\((.*?)(?:,.*)?\)", text)
     if m:
         text = m.group(1).strip()

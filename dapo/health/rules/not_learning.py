@@ -8,12 +8,17 @@ ceiling (a warning, as the other rules call it converged). The absence of a rise
 change is no significant rise but a rise that counts (:func:`~.base.effect`) still lies within
 one standard error of it, the rule cannot judge yet (a few noisy rows say neither). A rise
 counts against the smoothed curve's spread; its absence is shown against the rows' spread
-(:func:`~.base.effect`)."""
+(:func:`~.base.effect`). A run whose last window is above its first by two standard errors, flat only
+over its later quarters, rose and then held: a plateau, not a run that does not learn (the
+blind batches' "plateau called failing"): healthy at ``saturated_frac`` of its range or above,
+else a warning (it stopped improving short of its ceiling, or where its range is unknown)."""
 
 from __future__ import annotations
 
+import math
+
 from ..config import HealthConfig
-from ..series import Run, mean, series
+from ..series import Run, mean, series, stderr
 from .base import (
     TOO_FEW_STEPS,
     Judgement,
@@ -79,6 +84,18 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
         g, noise = gain(main)
         least, absent = effect(main, c), effect(main, c, smoothed=False)
         parts.append(f"first to last quarter {g:+.3g} (+-{noise:.2g}; a rise counts from {least:.2g})")
+        head, tail = main.head(c), main.tail(c)
+        rose = mean(tail) - mean(head)
+        rising = g > noise and g >= least
+        if rose > 2 * math.hypot(stderr(head), stderr(tail)) and rose >= least and not rising:
+            parts.append(f"first to last window {rose:+.3g}: it rose, then held (a plateau)")
+            top = saturation(run, "accuracy" if acc else "reward", mean(tail))
+            if top is not None and top >= c.saturated_frac:
+                return Judgement("healthy", evidence="; ".join(parts) + f" at {top:.0%} of its range")
+            where = "" if top is None else f" at {top:.0%} of its range"
+            return Judgement(
+                "warning", main.steps[len(main) // 2], "; ".join(parts) + where + ", no longer rising"
+            )
         if g + noise >= absent and g <= noise:
             return unknown(
                 TOO_FEW_STEPS,

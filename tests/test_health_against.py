@@ -1,0 +1,303 @@
+"""``dapo diagnose RUN --against REF``: the band, departures, the outcome, alignment by share,
+one reference, and bad input (dapo.health.against)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dapo.health.against import (
+    AgainstConfig,
+    Reference,
+    band,
+    compare,
+    compare_all,
+    load_references,
+    trailing_mean,
+)
+from dapo.health.cli import EXIT_FAIL, EXIT_USAGE, main
+
+ROOT = Path(__file__).parents[1]
+
+
+def process(seed, n=80, onset=None, entropy_shift=0.0, accuracy_shift=0.0, between=1.0, length=None):
+    """A run of one recipe: accuracy rising, entropy falling, grad norm and KL flat; each run its
+    own rate and level (``between`` scales that), and noise at every step. From ``onset`` on,
+    entropy and accuracy are shifted. ``length``: the run's curves stretched over that many
+    steps (the same recipe run longer)."""
+    rng = np.random.default_rng(seed)
+    length = length or n
+    rate = 1.0 + between * 0.15 * rng.normal()
+    level = between * 0.03 * rng.normal()
+    rows = []
+    for t in range(n):
+        p = t / (length - 1)
+        acc = 0.15 + 0.45 * (1 - np.exp(-3 * p * rate)) + level + 0.03 * rng.normal()
+        ent = 1.2 - 0.3 * p * rate - level + 0.015 * rng.normal()
+        if onset is not None and t >= onset:
+            acc += accuracy_shift
+            ent += entropy_shift
+        rows.append(
+            {
+                "step": t,
+                "rollout/accuracy": float(acc),
+                "actor/entropy": float(ent),
+                "actor/grad_norm": float(0.5 + 0.05 * rng.normal()),
+                "actor/approx_kl": float(abs(0.001 + 0.0003 * rng.normal())),
+            }
+        )
+    return rows
+
+
+def refs(seeds, **kw):
+    return [Reference(f"ref{s}", Path(f"ref{s}"), "run", process(s, **kw)) for s in seeds]
+
+
+REFS = refs(range(4))
+
+
+def test_departure_found_near_its_step_with_direction_and_outcome_not_following():
+    for seed in range(100, 110):
+        c = compare("run", process(seed, onset=50, entropy_shift=-0.3), REFS)
+        d = c.metrics["actor/entropy"].departure
+        assert d is not None and d.direction == "below", seed
+        assert abs(d.step - 50) <= 3, (seed, d.step)
+        assert d.confirmed >= d.step and d.excess < 0 and d.widths > 0
+        assert d.followed_by is None
+        assert c.metrics["rollout/accuracy"].departure is None
+        assert c.status == "warning"
+        f = c.finding()
+        assert f.rule == "against" and f.status == "warning" and f.start_step == d.step
+        assert "actor/entropy below from step" in f.evidence and "the outcome did not follow" in f.evidence
+
+
+def test_upward_departure_is_above():
+    c = compare("run", process(100, onset=40, entropy_shift=+0.3), REFS)
+    d = c.metrics["actor/entropy"].departure
+    assert d is not None and d.direction == "above" and 40 <= d.step <= 43 and d.excess > 0
+
+
+def test_outcome_following_a_health_metric_makes_it_failing_when_large():
+    c = compare("run", process(101, onset=40, entropy_shift=-0.3, accuracy_shift=-0.25), REFS)
+    ent, acc = c.metrics["actor/entropy"].departure, c.metrics["rollout/accuracy"].departure
+    assert ent is not None and acc is not None and acc.direction == "below"
+    assert ent.followed_by == "rollout/accuracy" and ent.followed_at == acc.step >= ent.step
+    assert acc.tail_sd >= c.config.fail_sd
+    assert c.status == "failing" and "failing: rollout/accuracy" in c.finding().evidence
+    # the same fall, judged against a larger stated size: warning, not failing
+    lenient = compare(
+        "run",
+        process(101, onset=40, entropy_shift=-0.3, accuracy_shift=-0.25),
+        REFS,
+        AgainstConfig(fail_sd=100),
+    )
+    assert lenient.metrics["rollout/accuracy"].departure is not None and lenient.status == "warning"
+
+
+def test_outcome_above_alone_is_healthy():
+    c = compare("run", process(102, onset=30, accuracy_shift=+0.2), REFS)
+    d = c.metrics["rollout/accuracy"].departure
+    assert d is not None and d.direction == "above"
+    assert [x.metric for x in c.departures] == ["rollout/accuracy"] and c.status == "healthy"
+
+
+def test_false_alarm_rate_on_runs_of_the_same_process():
+    """50 runs drawn from the references' own process, 4 references: at most 10% flagged (the
+    toys' measured rate, reports/health/against.md, is 0 of 40 with 8 references)."""
+    alarms = sum(compare("run", process(seed), REFS).status != "healthy" for seed in range(200, 250))
+    assert alarms <= 5, alarms
+
+
+def test_detection_rate_over_seeds():
+    found = 0
+    for seed in range(300, 330):
+        d = (
+            compare("run", process(seed, onset=45, entropy_shift=-0.25), REFS)
+            .metrics["actor/entropy"]
+            .departure
+        )
+        found += d is not None and 45 <= d.step <= 50
+    assert found >= 28, found
+
+
+def test_one_reference_uses_its_own_noise():
+    one = refs([0], between=0.0)
+    hit = compare("run", process(100, onset=50, entropy_shift=-0.2, between=0.0), one)
+    d = hit.metrics["actor/entropy"].departure
+    assert hit.metrics["actor/entropy"].references == 1
+    assert d is not None and d.direction == "below" and 50 <= d.step <= 53
+    alarms = sum(compare("run", process(s, between=0.0), one).status != "healthy" for s in range(400, 450))
+    assert alarms <= 5, alarms  # same process, no between-run spread: the noise band holds
+
+
+def test_align_by_share_for_references_of_another_length():
+    long_refs = refs(range(4), n=160, length=160)
+    cfg = AgainstConfig(align="share")
+    healthy = sum(compare("run", process(s), long_refs, cfg).status != "healthy" for s in range(500, 520))
+    assert healthy <= 2, healthy
+    c = compare("run", process(100, onset=50, entropy_shift=-0.3), long_refs, cfg)
+    d = c.metrics["actor/entropy"].departure
+    assert d is not None and d.direction == "below" and 50 <= d.step <= 53
+    # by step, the same references read at steps 0-79 are the first half of their run: a false departure
+    by_step = compare("run", process(100), long_refs)
+    assert by_step.metrics["actor/entropy"].departure is not None
+
+
+def test_run_longer_than_references_is_judged_where_they_reach():
+    short = refs(range(4), n=40)
+    c = compare("run", process(100), short)
+    assert c.metrics["actor/entropy"].steps[-1] == 39
+    assert "eval/score" not in c.metrics and "eval/score" not in c.skipped  # not logged by either
+
+
+# ---- the band ----------------------------------------------------------------------------------
+
+curves = st.lists(
+    st.lists(st.floats(-100, 100, allow_nan=False), min_size=12, max_size=12), min_size=1, max_size=5
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(curves, st.floats(0, 5), st.floats(0.5, 4))
+def test_band_contains_the_references_mean(ys, noise, z):
+    smoothed = trailing_mean(np.array(ys), 3)
+    centre, low, high = band(smoothed, [noise] * len(ys), z, 3, 0.1)
+    assert np.allclose(centre, smoothed.mean(axis=0))
+    assert np.all(low < centre) and np.all(centre < high)
+    assert np.allclose(high - centre, centre - low)  # symmetric about the references' mean
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.floats(-50, 50, allow_nan=False), st.sampled_from(["step", "share"]))
+def test_adding_a_constant_to_every_run_changes_nothing(seed, c, align):
+    def shifted(rows):
+        return [{**r, "actor/entropy": r["actor/entropy"] + c} for r in rows]
+
+    run = process(seed, onset=40, entropy_shift=-0.2)
+    cfg = AgainstConfig(align=align)
+    a = compare("run", run, REFS, cfg).metrics["actor/entropy"]
+    b = compare(
+        "run", shifted(run), [Reference(r.name, r.path, r.label, shifted(r.run)) for r in REFS], cfg
+    ).metrics["actor/entropy"]
+    assert np.allclose(np.array(b.low) - c, a.low, atol=1e-6 * (1 + abs(c)))
+    assert np.allclose(np.array(b.high) - c, a.high, atol=1e-6 * (1 + abs(c)))
+    assert (a.departure is None) == (b.departure is None)
+    if a.departure is not None and b.departure is not None:
+        assert (a.departure.step, a.departure.direction) == (b.departure.step, b.departure.direction)
+
+
+def test_config_is_checked():
+    with pytest.raises(ValueError, match="align"):
+        AgainstConfig(align="time")
+    with pytest.raises(ValueError, match="z"):
+        AgainstConfig(z=0)
+    with pytest.raises(ValueError, match="noise_window"):
+        AgainstConfig(noise_window=2)
+
+
+# ---- the command -------------------------------------------------------------------------------
+
+
+def write(path, rows, **labels):
+    path.write_text("".join(json.dumps({**labels, **r}) + "\n" for r in rows))
+    return path
+
+
+def multi(path, runs):
+    path.write_text(
+        "".join(
+            json.dumps({"experiment": "x", "arm": arm, "seed": s, **r}) + "\n"
+            for arm, s, rows in runs
+            for r in rows
+        )
+    )
+    return path
+
+
+def test_cli_text_json_report_and_fail_on(tmp_path, capsys):
+    refs_file = multi(tmp_path / "refs.jsonl", [("healthy", s, process(s)) for s in range(4)])
+    run = write(tmp_path / "run.jsonl", process(100, onset=40, entropy_shift=-0.3, accuracy_shift=-0.25))
+    assert main([str(run), "--against", f"{refs_file}#arm=healthy"]) == 0
+    out = capsys.readouterr().out
+    assert "failing  Against reference runs since step" in out
+    assert "against 4 reference run(s), aligned by step:" in out
+    assert "actor/entropy below from step" in out and "followed by rollout/accuracy below" in out
+    assert main([str(run), "--against", str(refs_file), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["run"]
+    assert data["verdict"] == "failing"
+    assert data["against"]["status"] == "failing"
+    assert data["against"]["metrics"]["actor/entropy"]["departure"]["direction"] == "below"
+    assert any(f["rule"] == "against" for f in data["findings"])
+    assert main([str(run), "--against", str(refs_file), "--report", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Against reference runs" in md and "| actor/entropy | 80 | step" in md
+    capsys.readouterr()
+    healthy = write(tmp_path / "ok.jsonl", process(103))
+    assert main([str(healthy), "--against", str(refs_file), "--fail-on", "failing"]) == 0
+    # accuracy 0.15 below from step 40: the rules see a run that still learns; the references do not
+    lower = write(tmp_path / "low.jsonl", process(107, onset=40, accuracy_shift=-0.15))
+    assert main([str(lower), "--fail-on", "warning"]) == 0
+    assert main([str(lower), "--against", str(refs_file), "--fail-on", "failing"]) == EXIT_FAIL
+    assert main([str(healthy), "--against", str(refs_file), "--align", "share"]) == 0
+    assert "aligned by share" in capsys.readouterr().out
+
+
+def test_a_multi_run_file_against_its_own_other_runs(tmp_path):
+    """A run of a multi-run file judged against the same file: the run itself is left out."""
+    both = multi(tmp_path / "all.jsonl", [("healthy", s, process(s)) for s in range(5)])
+    runs = {"experiment=x/arm=healthy/seed=0": process(0)}
+    out = compare_all(str(both), runs, load_references([str(both)]))
+    assert len(out["experiment=x/arm=healthy/seed=0"].references) == 4
+
+
+def last_line(capsys):
+    """The error: the last line of stderr (the run's reading notes come before it), and no
+    traceback."""
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    return err.splitlines()[-1]
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    run = write(tmp_path / "run.jsonl", process(100))
+    missing = tmp_path / "nope.jsonl"
+    assert main([str(run), "--against", str(missing)]) == EXIT_USAGE
+    err = last_line(capsys)
+    assert str(missing) in err and err.startswith("dapo diagnose: --against") and "no such file" in err
+    readme = tmp_path / "README.md"
+    readme.write_text("# a readme\n\nno metrics here\n")
+    assert main([str(run), "--against", str(readme)]) == EXIT_USAGE
+    err = last_line(capsys)
+    assert str(readme) in err and "Traceback" not in err
+    other = write(tmp_path / "other.jsonl", [{"step": i, "rollout/length_mean": 10.0 + i} for i in range(30)])
+    assert main([str(run), "--against", str(other)]) == EXIT_USAGE
+    err = last_line(capsys)
+    assert str(other) in err and "shares no compared metric" in err
+    refs_file = multi(tmp_path / "refs.jsonl", [("healthy", 0, process(0))])
+    assert main([str(run), "--against", f"{refs_file}#arm=sick"]) == EXIT_USAGE
+    err = last_line(capsys)
+    assert "no run labelled 'arm=sick'" in err and str(refs_file) in err
+
+
+def test_on_the_calibration_pairs_failed_runs_depart_and_healthy_ones_stay_above():
+    """benchmarks/against_pairs.py: a failed run against the healthy run of its trainer (one
+    reference) has its outcome depart below in 4 of 6 pairs; the healthy run against the failed
+    one, in 1 of 6 (the verifier-reward seeds, whose early accuracies differ)."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location("against_pairs", ROOT / "benchmarks" / "against_pairs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    here = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        rows = [(mod.judge(f, h), mod.judge(h, f)) for f, h in mod.PAIRS]
+    finally:
+        os.chdir(here)
+    assert sum(a["outcome_below_from"] is not None for a, _ in rows) >= 4
+    assert sum(b["outcome_below_from"] is None for _, b in rows) >= 5
+    assert all(b["status"] != "failing" for _, b in rows)
