@@ -18,7 +18,8 @@ from pathlib import Path
 from dapo.health.against import Reference, compare
 from dapo.health.readers import read_runs
 
-DATA = Path("tests/data/health/calibration")
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data" / "health" / "calibration"
 PAIRS = (
     ("monarch-grpo-run3-not-learning.log", "monarch-grpo-run12-best.log"),
     ("monarch-grpo-run8-gloo-sync.log", "monarch-grpo-run12-best.log"),
@@ -53,7 +54,7 @@ def main() -> int:
         {"failed": f, "healthy": h, "failed_vs_healthy": judge(f, h), "healthy_vs_failed": judge(h, f)}
         for f, h in PAIRS
     ]
-    out = Path("reports/health")
+    out = ROOT / "reports" / "health"
     (out / "against_pairs.json").write_text(json.dumps(rows, indent=2) + "\n")
     departs = sum(r["failed_vs_healthy"]["outcome_below_from"] is not None for r in rows)
     clean = sum(r["healthy_vs_failed"]["outcome_below_from"] is None for r in rows)

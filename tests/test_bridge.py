@@ -185,6 +185,18 @@ def test_a_wait_longer_than_the_collective_timeout_ends_when_the_other_side_is_r
     assert torch.equal(v0[0][1], torch.zeros(4)) and torch.equal(v1[0][1], torch.ones(4))
 
 
+def _dies_after(polls: int) -> Callable[[], None]:
+    """An ``alive`` check whose other side has died: it raises from the ``polls + 1``-th call."""
+    calls = []
+
+    def alive() -> None:
+        calls.append(1)
+        if len(calls) > polls:
+            raise RuntimeError("generator 0 exited with status 1")
+
+    return alive
+
+
 def test_a_member_that_arrives_after_the_timeout_still_builds_the_group_then_collectives_are_bounded():
     """A generator still importing when the learner builds the group (seconds, on a loaded
     node) is waited for on the host; the group's 1 s timeout then bounds its collectives.
@@ -212,32 +224,18 @@ def test_a_member_that_arrives_after_the_timeout_still_builds_the_group_then_col
 
 def test_a_member_that_dies_before_arriving_ends_the_wait_with_its_error():
     kv = _stores(2)
-    calls = []
-
-    def alive() -> None:
-        calls.append(1)
-        if len(calls) > 3:
-            raise RuntimeError("generator 0 exited with status 1")
-
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="generator 0 exited"):
-        bridge.group(kv[0], "b", 0, 2, 60.0, alive=alive)
+        bridge.group(kv[0], "b", 0, 2, 60.0, alive=_dies_after(3))
     assert time.monotonic() - t0 < 10.0
 
 
 def test_a_host_wait_ends_at_once_when_the_other_side_has_died():
     kv = _stores(1)
     g = bridge.group(kv[0], "b", 0, 1, 5.0)
-    calls = []
-
-    def alive() -> None:
-        calls.append(1)
-        if len(calls) > 3:
-            raise RuntimeError("generator 0 exited with status 1")
-
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="generator 0 exited"):
-        g.wait("never", "a key nobody sets", alive)
+        g.wait("never", "a key nobody sets", _dies_after(3))
     assert time.monotonic() - t0 < 5.0
 
 

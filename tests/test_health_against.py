@@ -287,17 +287,11 @@ def test_on_the_calibration_pairs_failed_runs_depart_and_healthy_ones_stay_above
     reference) has its outcome depart below in 4 of 6 pairs; the healthy run against the failed
     one, in 1 of 6 (the verifier-reward seeds, whose early accuracies differ)."""
     import importlib.util
-    import os
 
     spec = importlib.util.spec_from_file_location("against_pairs", ROOT / "benchmarks" / "against_pairs.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    here = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        rows = [(mod.judge(f, h), mod.judge(h, f)) for f, h in mod.PAIRS]
-    finally:
-        os.chdir(here)
+    rows = [(mod.judge(f, h), mod.judge(h, f)) for f, h in mod.PAIRS]
     assert sum(a["outcome_below_from"] is not None for a, _ in rows) >= 4
     assert sum(b["outcome_below_from"] is None for _, b in rows) >= 5
     assert all(b["status"] != "failing" for _, b in rows)

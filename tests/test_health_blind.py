@@ -111,9 +111,12 @@ def test_diagnose_map_on_the_command_line_and_from_a_file(tmp_path):
             cwd=ROOT,
         )
 
+    as_json = tmp_path / "names.json"
+    as_json.write_text('{"Post": "reward", "KL%": "kl"}')
     plain, inline, filed = run(), run("--map", "Post=reward,KL%=kl"), run("--map", str(names))
     assert "Not learning" in plain.stdout and "not logged: rollout/accuracy" in plain.stdout
     assert "not logged: rollout/accuracy" not in inline.stdout and inline.stdout == filed.stdout
+    assert run("--map", str(as_json)).stdout == inline.stdout
     bad = run("--map", "Post=nonsense")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nonsense" in bad.stderr
     assert "Traceback" not in bad.stderr
@@ -264,3 +267,16 @@ def test_the_second_blind_batches_spellings_are_read(tmp_path, name):
     for row, want in zip(run, expect):
         for k, v in want.items():
             assert row[k] == v, (k, row)
+
+
+def test_a_yaml_map_without_pyyaml_is_one_line(tmp_path, monkeypatch):
+    """`dapo diagnose` needs nothing beyond the base install; a YAML --map file then says what
+    to install (or to use JSON): a UsageError, which dapo.cli prints as one line, exit 2."""
+    from dapo.cliargs import UsageError
+    from dapo.health.cli import main as diagnose_main
+
+    names = tmp_path / "names.yaml"
+    names.write_text("Post: reward\n")
+    monkeypatch.setitem(sys.modules, "yaml", None)  # import yaml raises ImportError
+    with pytest.raises(UsageError, match=r"a YAML file needs pyyaml .* or give a \.json file"):
+        diagnose_main([str(timed_table(tmp_path / "t.txt")), "--map", str(names)])

@@ -186,11 +186,12 @@ def summary(rows: list[dict[str, Any]]) -> str:
     done = [r for r in rows if r["authors_verdict"]]
     missed = _count(done, "failing", "healthy") + _count(done, "warning", "healthy")
     frameworks = len({r["framework"].split()[0].lower().strip("(,") for r in rows})
-    blind = [r for r in done if _first(r)]
+    firsts = {id(r): got[0] for r in rows if (got := _first(r)) is not None}
+    blind = [r for r in done if id(r) in firsts]
     first = (
         f" The first time the tool saw them, before any change made for them, it agreed on "
-        f"{sum(_first(r)[0] == r['authors_verdict'] for r in blind)} of {len(blind)} "  # type: ignore[index]
-        f"({sum((_first(r) or ('',))[0] == 'unreadable' for r in rows)} unreadable)."
+        f"{sum(firsts[id(r)] == r['authors_verdict'] for r in blind)} of {len(blind)} "
+        f"({sum(v == 'unreadable' for v in firsts.values())} unreadable)."
         if blind
         else ""
     )

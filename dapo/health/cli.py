@@ -164,27 +164,44 @@ def _config(items: list[str]) -> HealthConfig:
 
 
 def _names(items: list[str]) -> dict[str, str]:
-    """``--map`` items: ``COLUMN=METRIC`` pairs, or files (YAML or JSON) of ``COLUMN: METRIC``."""
-    import yaml
-
+    """``--map`` items: ``COLUMN=METRIC`` pairs, or files (JSON, or YAML with pyyaml) of ``COLUMN: METRIC``."""
     out: dict[str, str] = {}
     for item in items:
         path = Path(item)
+        if "=" not in item and not path.is_file():
+            raise UsageError(f"--map {item!r}: neither COLUMN=METRIC pairs nor a file")
         try:
-            if "=" not in item and path.is_file():
-                loaded = yaml.safe_load(path.read_text())
-                if not isinstance(loaded, dict):
-                    raise UsageError(f"--map {item}: expected a mapping of COLUMN: METRIC lines")
-                out.update(parse_map(loaded, where=f"--map {item}"))
-            elif "=" not in item:
-                raise UsageError(f"--map {item!r}: neither COLUMN=METRIC pairs nor a file")
-            else:
-                out.update(parse_map([item]))
-        except yaml.YAMLError as err:
-            raise UsageError(f"--map {item}: not YAML or JSON ({str(err).splitlines()[0]})") from None
+            out.update(
+                parse_map([item]) if "=" in item else parse_map(_map_file(item, path), where=f"--map {item}")
+            )
         except ValueError as err:
             raise UsageError(str(err)) from None
     return out
+
+
+def _map_file(item: str, path: Path) -> dict[str, Any]:
+    """A ``--map`` file's mapping: JSON by its ``.json`` suffix, else YAML (``yaml.safe_load``)."""
+    text = path.read_text()
+    if path.suffix == ".json":
+        try:
+            loaded = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise UsageError(f"--map {item}: not valid JSON ({err.msg}, line {err.lineno})") from None
+    else:
+        try:
+            import yaml
+        except ImportError:
+            raise UsageError(
+                f"--map {item}: a YAML file needs pyyaml (pip install 'dapo-repro[gate]'); "
+                "or give a .json file, or COLUMN=METRIC pairs"
+            ) from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise UsageError(f"--map {item}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(loaded, dict):
+        raise UsageError(f"--map {item}: expected a mapping of COLUMN: METRIC lines")
+    return loaded
 
 
 def _references(spec: str) -> dict[str, ReferenceCurve]:

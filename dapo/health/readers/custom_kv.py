@@ -63,14 +63,14 @@ def parse(line: str) -> dict[str, Any] | None:
     return row
 
 
-def _pairs(line: str, start: int = 0) -> tuple[dict[str, Any], int]:
+def _pairs(line: str, start: int = 0, seps: str = "=:") -> tuple[dict[str, Any], int]:
     """The ``key=value`` / ``key: value`` pairs of ``line`` from ``start`` (unknown keys as
-    printed), and how many keys are known."""
+    printed), and how many known keys are joined to their value by one of ``seps``."""
     row: dict[str, Any] = {}
     known = 0
     for m in PAIR.finditer(line, start):
         key = _key(m.group(1))
-        known += key is not None
+        known += key is not None and line[m.end(1) : m.start(2)].strip() in seps
         row.setdefault(key if key is not None else m.group(1).strip(), number(m.group(2)))
     return row, known
 
@@ -101,9 +101,8 @@ def unstepped(line: str) -> dict[str, Any] | None:
     the file names a step), else None."""
     if "=" not in line or STEP.search(line) or EPOCH_STEP.search(line):
         return None
-    row, known = _pairs(line)
-    eq = sum(1 for m in PAIR.finditer(line) if "=" in line[m.end(1) : m.start(2)] and _key(m.group(1)))
-    return row if known >= 2 and eq >= 2 else None
+    row, known = _pairs(line, seps="=")
+    return row if known >= 2 else None
 
 
 def _key(text: str) -> str | None:

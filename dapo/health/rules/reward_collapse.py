@@ -25,7 +25,7 @@ from statistics import stdev
 
 from ..config import HealthConfig
 from ..series import Run, Series, mean, stderr
-from .base import Judgement, Knobs, Rule, effect, not_logged, outcome, outcomes, row_noise, too_few, worse
+from .base import SEVERITY, Judgement, Knobs, Rule, effect, not_logged, outcome, outcomes, row_noise, too_few
 
 
 def _fall_from_early_best(name: str, s: Series, c: HealthConfig) -> Judgement | None:
@@ -50,14 +50,13 @@ def _fall_from_early_best(name: str, s: Series, c: HealthConfig) -> Judgement | 
     se = math.hypot(*(max(rows, stdev(b)) / math.sqrt(k) for b in (blocks[best_i], now)))
     z = 2 + math.sqrt(2 * math.log(len(blocks) + 2))
     least = max(z * se, 0.1 * abs(best), effect(s, c))
-    sigma = se * math.sqrt(k / 2)
     fall = best - mean(now)
     if not (fall > least and best - mean(before) > least / 2):
         return None
     at = s.steps[best_i * k]
     ev = (
         f"{name} best {best:.3g} over rows from step {at:g}, now {mean(now):.3g} "
-        f"(a fall of {fall:.3g}; counts from {least:.2g}, the noise of a {k}-row mean {sigma / math.sqrt(k):.2g})"
+        f"(a fall of {fall:.3g}; counts from {least:.2g}; {k}-row blocks, the difference's noise {se:.2g})"
     )
     since = next(
         (x for j, x in enumerate(s.steps) if j >= best_i * k and mean(v[j : j + k]) < best - least / 2), at
@@ -71,7 +70,7 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     found = _peak_fall(run, c)
     for name, s in outcomes(run):
         early = _fall_from_early_best(name, s, c)
-        if early is not None and worse(early.status, found.status) != found.status:
+        if early is not None and SEVERITY[early.status] > SEVERITY[found.status]:
             found = early
     return found
 
