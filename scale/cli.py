@@ -82,6 +82,20 @@ def _engine_does_not_fit(cfg, gpu) -> bool:  # type: ignore[no-untyped-def]
     return bool(lines)
 
 
+def _say_staleness(cfg) -> None:  # type: ignore[no-untyped-def]
+    """What the toys' off-policy table says of the config's staleness (:mod:`scale.staleness_table`),
+    one line, from the first rank; a warning where the toys do not tolerate it."""
+    from .staleness_table import lookup
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    found = lookup(cfg)
+    if found is None:
+        return
+    word = "WARNING" if found.status == "not tolerated" else "note"
+    print(f"dapo train: {word}: {found.message}", file=sys.stderr)
+
+
 def train_main(argv: list[str] | None = None) -> int:
     args = train_parser().parse_args(argv)
     quiet_environment(args.verbose)  # before anything imports torch
@@ -101,6 +115,7 @@ def train_main(argv: list[str] | None = None) -> int:
     os.environ.update(hub_environment(cfg, int(os.environ.get("LOCAL_RANK", "0"))))
     if args.resume not in (None, "auto") and not Path(args.resume).is_dir():
         raise UsageError(f"--resume: no such checkpoint directory: {args.resume!r} (or 'auto')")
+    _say_staleness(cfg)
     if args.validate_only:
         _ensure_tiny(cfg, model=False)
         if args.gpu_type and _engine_does_not_fit(cfg, GPUS[args.gpu_type]):

@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         "rollouts under each correction, bf16/fp8 engines, DAPO's fixes at each staleness, and the simulated "
         "clock; writes the tolerated-staleness table.",
     )
-    _seed_args(o, 10)
+    _seed_args(o, 32)  # toybench.off_policy.seeds_for(PLANNED_SD): 80% power at the 0.02 margin
     _common(o, "runs/off_policy", "; the committed report: --out reports/off_policy")
     o.add_argument(
         "--steps", type=Int(lo=10), default=None, help="override the 150-step horizon (exploration only)"

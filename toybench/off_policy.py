@@ -257,6 +257,72 @@ def tolerated(
     return out
 
 
+POWER = 0.8
+"""The chance, when staleness costs nothing, that a block establishes non-inferiority within
+:data:`MARGIN` (:func:`seeds_for`)."""
+ALPHA = 0.05
+PLANNED_SD = 0.045
+"""The paired standard deviation of (arm - k0) in accuracy at the horizon that the seed count
+was planned with: the median over the 120 row-blocks of the 10 + 10-seed run before
+(reports/off_policy at 54c8ca2; from each BCa interval's half-width x sqrt(n) / 1.96; 80th
+percentile 0.055, largest 0.085)."""
+
+
+def seeds_for(sd: float, margin: float = MARGIN, alpha: float = ALPHA, power: float = POWER) -> int:
+    """Paired seeds per block that establish non-inferiority within ``margin`` (the interval's
+    lower end above -margin) with probability ``power`` when the true difference is 0, at
+    one-sided level ``alpha`` (a 95% two-sided interval's lower end): the normal approximation
+    ``n = ((z_{1-alpha} + z_{power}) sd / margin)^2``."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf
+    return math.ceil(((z(1 - alpha) + z(power)) * sd / margin) ** 2)
+
+
+def power_at(sd: float, n: int, margin: float = MARGIN, alpha: float = ALPHA) -> float:
+    """The probability of establishing non-inferiority within ``margin`` with ``n`` paired seeds
+    when the true difference is 0 and the paired standard deviation ``sd`` (normal approximation)."""
+    from statistics import NormalDist
+
+    if sd <= 0:
+        return 1.0
+    nd = NormalDist()
+    return nd.cdf(margin * math.sqrt(n) / sd - nd.inv_cdf(1 - alpha))
+
+
+def verdict(intervals: dict[int, dict[str, Interval]], margin: float = MARGIN) -> tuple[int | None, str]:
+    """A configuration's tolerated staleness from its intervals ``{k: {block: interval}}`` of
+    (arm - k0) in accuracy: the largest k up to which both blocks establish non-inferiority
+    within ``margin`` (the interval's lower end above -margin), and what stops it there, in
+    words: both blocks (agreed), or one, with whether that block's interval straddles the
+    margin (unresolved: too few seeds for that row) or lies wholly below it (a loss beyond the
+    margin on one block). None: the blocks disagree at the first k."""
+    best = 0
+    for k in sorted(intervals):
+        ivs = intervals[k]
+        bad = [b for b, iv in ivs.items() if not iv.low > -margin]
+        if not bad:
+            best = k
+            continue
+        if len(bad) == len(ivs):
+            lost = all(iv.high < -margin for iv in ivs.values())
+            why = (
+                "a loss beyond the margin on both blocks"
+                if lost
+                else "not shown within the margin on either block"
+            )
+            return best, f"up to k = {best} (both blocks); at k = {k} {why}"
+        b = bad[0]
+        iv = ivs[b]
+        how = (
+            "its interval straddles the margin (unresolved)"
+            if iv.high > -margin
+            else "a loss beyond the margin"
+        )
+        return None, f"blocks disagree at k = {k}: {b} {iv.mean:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}], {how}"
+    return best, f"up to k = {best} (both blocks)"
+
+
 CLOCK_TRAIN = (0.5, 1.0, 2.0)
 """Training cost per step, in units of the mean on-policy generation time per step."""
 
@@ -281,6 +347,8 @@ __all__ = [
     "CLOCK_TRAIN",
     "CRITERIA",
     "MARGIN",
+    "PLANNED_SD",
+    "POWER",
     "STALENESS",
     "Config",
     "arm_name",
