@@ -42,6 +42,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -230,7 +231,7 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     rank = int(os.environ.get("RANK", "0"))
     tp = 2 if world % 2 == 0 and shape["num_key_value_heads"] % 2 == 0 else 1
     # one directory on every rank of the node; rank 0 writes the model there
-    tmp = Path(tempfile.gettempdir()) / f"dapo-gpu-check-{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}"
+    tmp = _scratch()
     tmp.mkdir(parents=True, exist_ok=True)
     model_dir = tmp / "model"
     if rank == 0:
@@ -483,6 +484,7 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     engine.shutdown()
     del policy, inner, optimizer, sync_engine
     acc.free_memory()
+    barrier()  # every rank has read its shards back before rank 0 removes the scratch directory
     return report
 
 
@@ -519,7 +521,8 @@ def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
         shape["num_hidden_layers"] = args.layers
     if args.vocab:
         shape.update(vocab_size=args.vocab, bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1)
-    tmp = Path(tempfile.mkdtemp(prefix="dapo-gpu-check-disaggregated-"))
+    tmp = Path(tempfile.mkdtemp(prefix="dapo-gpu-check-disaggregated-", dir=args.scratch))
+    args.scratch_used = tmp
     build_model(tmp / "model", shape)
     train, ev = build_tiny_data(tmp / "data")
     groups = 2 * learners
@@ -641,6 +644,24 @@ def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     }
 
 
+def _scratch() -> Path:
+    """The directory every rank of the node shares (rank 0 writes the model there): one per
+    torchrun (its run id), under ``--scratch`` or the system's temporary directory."""
+    base = Path(os.environ.get("DAPO_GPU_CHECK_SCRATCH") or tempfile.gettempdir())
+    return base / f"dapo-gpu-check-{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}"
+
+
+def _remove_scratch(path: Path | None, keep: bool) -> str:
+    """Remove the check's model, data and checkpoints (~0.5 GB at Qwen2.5-0.5B's shape) unless
+    ``--keep``; what happened, for the report."""
+    if path is None or not path.exists():
+        return "none"
+    if keep:
+        return f"kept: {path}"
+    shutil.rmtree(path, ignore_errors=True)
+    return f"removed: {path} (--keep keeps it)"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help="JSON report (default $OUT/gpu_check.json)")
@@ -675,7 +696,21 @@ def main() -> int:
         default=0.3,
         help="--disaggregated on one GPU: the generator engine's share of it",
     )
+    ap.add_argument(
+        "--scratch",
+        type=Path,
+        default=None,
+        help="where the check writes its model, data and checkpoints (default: the temporary directory)",
+    )
+    ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep that scratch directory (default: removed at the end, pass or fail)",
+    )
     args = ap.parse_args()
+    if args.scratch:
+        args.scratch.mkdir(parents=True, exist_ok=True)
+        os.environ["DAPO_GPU_CHECK_SCRATCH"] = str(args.scratch)
     name = "gpu_check_disaggregated.json" if args.disaggregated else "gpu_check.json"
     out = args.out or (
         Path(os.environ["OUT"]) / name if os.environ.get("OUT") else ROOT / "benchmarks/results" / name
@@ -696,6 +731,7 @@ def main() -> int:
     report["failed"] = verdicts.failed + (["(the check did not finish)"] if "error" in report else [])
     report["command"] = " ".join(sys.argv)
     if rank == 0:
+        report["scratch"] = _remove_scratch(_scratch(), args.keep)
         out.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(
             report, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x)
@@ -717,6 +753,7 @@ def main() -> int:
 
 def _report_disaggregated(args: argparse.Namespace, out: Path) -> int:
     verdicts = Verdicts()
+    args.scratch_used = None
     try:
         report = disaggregated(args, verdicts)
     except Exception as err:
@@ -725,6 +762,7 @@ def _report_disaggregated(args: argparse.Namespace, out: Path) -> int:
     report["items"] = verdicts.items
     report["failed"] = verdicts.failed + (["(the check did not finish)"] if "error" in report else [])
     report["command"] = " ".join(sys.argv)
+    report["scratch"] = _remove_scratch(args.scratch_used, args.keep)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(verdicts.table())

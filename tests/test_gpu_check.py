@@ -25,7 +25,7 @@ def test_the_gpu_check_runs_end_to_end_on_cpu_and_gives_a_verdict_per_item(tmp_p
     monkeypatch.setenv("TORCH_GLOO_LAZY_INIT", "1")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     out = tmp_path / "gpu_check.json"
-    args = SMALL
+    args = [*SMALL, "--scratch", str(tmp_path / "scratch")]
     ranks = run_script(
         [str(ROOT / "benchmarks/gpu_check.py"), *args, "--max-tokens", "96", "--out", str(out)],
         nproc=2,
@@ -50,6 +50,8 @@ def test_the_gpu_check_runs_end_to_end_on_cpu_and_gives_a_verdict_per_item(tmp_p
     assert max(gaps[:2]) < 0.05 <= gaps[2]  # synced versions agree; the unsent one is seen
     table = ranks[0].stdout
     assert re.search(r"point-to-point exchange of the shares +pass", table) and "passed; details in" in table
+    # its model, data and checkpoints (~0.5 GB at the real shape) do not outlive it
+    assert r["scratch"].startswith("removed") and not any((tmp_path / "scratch").iterdir())
 
 
 BREAK_SYNC = """
@@ -85,7 +87,7 @@ def test_the_gpu_check_fails_a_sync_that_does_nothing_after_sleep_and_wake(tmp_p
     wrapper = tmp_path / "broken_sync.py"
     wrapper.write_text(BREAK_SYNC.format(root=str(ROOT), script=str(ROOT / "benchmarks/gpu_check.py")))
     out = tmp_path / "gpu_check.json"
-    args = SMALL
+    args = [*SMALL, "--scratch", str(tmp_path / "scratch")]
     with pytest.raises(MultiprocessError):
         run_script([str(wrapper), *args, "--max-tokens", "96", "--out", str(out)], nproc=2, timeout_s=420)
     r = json.loads(out.read_text())
@@ -93,6 +95,7 @@ def test_the_gpu_check_fails_a_sync_that_does_nothing_after_sleep_and_wake(tmp_p
     verdicts = {x["item"]: x["verdict"] for x in r["items"]}
     assert r["failed"] == ["engine = trainer after each sync (log-prob gap)"], r["items"]
     assert verdicts["control: the gap sees a version the engine was not sent"] == "pass"
+    assert not any((tmp_path / "scratch").iterdir())  # a failed check leaves nothing behind either
 
 
 def test_the_gpu_checks_disaggregated_phase_runs_on_cpu_and_gives_a_verdict_per_item(tmp_path):
@@ -105,6 +108,7 @@ def test_the_gpu_checks_disaggregated_phase_runs_on_cpu_and_gives_a_verdict_per_
     out = tmp_path / "gpu_check_disaggregated.json"
     args = ["--cpu", "--disaggregated", "--layers", "2", "--vocab", "2048", "--response", "12"]
     args += ["--bucket-mb", "4", "--max-tokens", "96", "--timeout", "240", "--out", str(out)]
+    args += ["--scratch", str(tmp_path / "scratch")]
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks/gpu_check.py"), *args],
         capture_output=True,
@@ -120,3 +124,4 @@ def test_the_gpu_checks_disaggregated_phase_runs_on_cpu_and_gives_a_verdict_per_
     assert sum(v == "pass" for v in verdicts.values()) == 5
     assert r["staleness_max"] == [0, 1, 2, 2] and r["weights_backend"] == "gloo"
     assert done.returncode == 0 and "passed; details in" in done.stdout
+    assert r["scratch"].startswith("removed") and not any((tmp_path / "scratch").iterdir())
