@@ -1,7 +1,7 @@
 """Benchmark: steps per hour of the colocated synchronous trainer against the disaggregated
 one at staleness k = 0, 1, 2, on this machine's CPUs, in one run.
 
-The tiny Qwen2 (:func:`scale.tiny.build_tiny_model`) is taught a filler of exponential length
+The tiny Qwen2 (:func:`scale.ops.tiny.build_tiny_model`) is taught a filler of exponential length
 (mean ``--filler-mean`` words), so response lengths have a long tail and each generation
 round waits for its longest response, as on a cluster. The same resources in every
 placement: ``--cores`` CPU threads. Colocated, one process uses all of them for generation
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from dapo.pipeline import simulate
-    from scale.tiny import build_tiny_data, build_tiny_model
+    from scale.ops.tiny import build_tiny_data, build_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="dapo-async-bench-"))
     model = build_tiny_model(work / "model", filler_mean=args.filler_mean, max_positions=512)

@@ -7,7 +7,7 @@ prompts per round, and each prompt's group is informative (accepted) with probab
 * **per rank** (the trainer before): every rank fills its own ``train_groups / ranks``
   quota; the step lasts as long as its slowest rank (the others wait in a collective), so
   the step's rounds are the maximum over ranks;
-* **global** (:class:`scale.rollout.GlobalDynamicSampler`): ranks count the accepted groups
+* **global** (:class:`scale.generator.rollout.GlobalDynamicSampler`): ranks count the accepted groups
   of all ranks after each round and stop together at ``train_groups``
   (:func:`dapo.sampling.trim_round_major` trims the surplus).
 

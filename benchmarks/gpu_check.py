@@ -6,7 +6,7 @@ heads and 2 KV heads split over 2 tensor-parallel ranks) goes through the traine
 with the 32B preset's settings (``qwen2.5-32b-dapo``: FSDP2 with CPU offload and rank-0
 loading, bf16 compute over fp32 masters, a bf16 vLLM engine at the preset's memory
 utilisation with sleep mode, packed micro-batches), in the environment ``dapo launch``
-writes (``scale.launch.ENV``, e.g. ``expandable_segments:True``), and with every collective
+writes (``scale.ops.launch.ENV``, e.g. ``expandable_segments:True``), and with every collective
 checked to run on the device (``DAPO_CHECK_COLLECTIVES=1``):
 
 * ``load``: the shards in host memory (offload), nothing left on meta;
@@ -53,7 +53,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scale.launch import ENV as LAUNCH_ENV  # noqa: E402  (no torch import: set before torch loads)
+from scale.ops.launch import ENV as LAUNCH_ENV  # noqa: E402  (no torch import: set before torch loads)
 
 LAUNCH_SET = {k: v for k, v in LAUNCH_ENV.items() if k not in os.environ}
 for _k, _v in LAUNCH_SET.items():
@@ -108,7 +108,7 @@ def build_model(path: Path, shape: dict[str, Any]) -> None:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from scale.tiny import build_tiny_model
+    from scale.ops.tiny import build_tiny_model
 
     torch.manual_seed(0)
     Qwen2ForCausalLM(Qwen2Config(**shape)).save_pretrained(path, safe_serialization=True)
@@ -207,14 +207,14 @@ def vllm_runner(engine: Any) -> dict[str, Any]:
 def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     import torch
 
-    from scale import checkpoint as ckpt
     from scale.config import load
-    from scale.engines import make_engine
-    from scale.learner import run_update
-    from scale.rollout import GlobalDynamicSampler, round_digest
-    from scale.sharding import build_policy, dtype
-    from scale.sync import MIB, sync
-    from scale.topology import Comm, Ranks, barrier, make_accelerator
+    from scale.dist.topology import Comm, Ranks, barrier, make_accelerator
+    from scale.generator.engines import make_engine
+    from scale.generator.rollout import GlobalDynamicSampler, round_digest
+    from scale.learner import checkpoint as ckpt
+    from scale.learner.role import run_update
+    from scale.learner.sharding import build_policy, dtype
+    from scale.learner.sync import MIB, sync
 
     cuda = torch.cuda.is_available()
     report: dict[str, Any] = {"torch": torch.__version__, "cuda": cuda, "launch_env_set": LAUNCH_SET}
@@ -505,9 +505,9 @@ def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     import torch
 
     from dapo.pipeline import behaviour_version
-    from scale.disaggregated import generator_gpus
-    from scale.rehearsal import _generator_traces, _launch, _metrics, _wait
-    from scale.tiny import build_tiny_data
+    from scale.ops.tiny import build_tiny_data
+    from scale.placement.disaggregated import generator_gpus
+    from scale.rehearsal.run import _generator_traces, _launch, _metrics, _wait
 
     cuda = torch.cuda.is_available()
     if not cuda and not args.cpu:
@@ -718,7 +718,7 @@ def main() -> int:
     if args.disaggregated:
         return _report_disaggregated(args, out)
     rank = int(os.environ.get("RANK", "0"))
-    from scale.collective_devices import checked, compute_device
+    from scale.dist.collective_devices import checked, compute_device
 
     verdicts = Verdicts()
     try:
@@ -745,7 +745,7 @@ def main() -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
-    from scale.topology import shutdown
+    from scale.dist.topology import shutdown
 
     shutdown()
     return 1 if report["failed"] else 0

@@ -13,7 +13,7 @@ length + 4k cache ceiling), prompts uniform in 100..300 tokens, both divided by 
   dense block-diagonal mask (sdpa/eager) = N^2 per packed row, packed varlen
   (flash-attention on GPU) = sum of per-sequence len^2;
 * wall time of forward + backward over all micro-batches of one batch on the tiny Qwen2
-  (scale.tiny.build_tiny_model, random weights), median of ``--repeats``, and the ratio
+  (scale.ops.tiny.build_tiny_model, random weights), median of ``--repeats``, and the ratio
   packed / padded; the largest |logp| difference between the two paths on response tokens.
 
 The packed budget is what the padded path must provision per forward in the worst case:
@@ -131,8 +131,8 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from scale.policy import Policy
-    from scale.tiny import build_tiny_model
+    from scale.learner.policy import Policy
+    from scale.ops.tiny import build_tiny_model
 
     plen, rlen = draw_lengths(args.batch, scale, g)
     with tempfile.TemporaryDirectory() as tmp:

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from dataclasses import replace
 
     from scale.config import load
-    from scale.plan import Cluster, Strategy, plan
+    from scale.ops.plan import Cluster, Strategy, plan
     from toybench.experiment import run_experiments
     from toybench.experiments.prompt_selection import EXPERIMENT
 

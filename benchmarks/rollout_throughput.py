@@ -26,7 +26,7 @@ def build(path: Path) -> int:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from scale.tiny import build_tiny_model
+    from scale.ops.tiny import build_tiny_model
 
     build_tiny_model(path, format_steps=0)  # tokenizer; the model is replaced below
     cfg = Qwen2Config(

@@ -1,11 +1,11 @@
 """Benchmark: extra memory of the trainer -> engine weight sync under 2-process FSDP2 on CPU.
 
 A ~200M-parameter random Qwen2 (fp32 masters) is sharded over 2 gloo processes with the
-trainer's own FSDP2 path (:func:`scale.sharding.build_policy`). An engine stand-in holds its
+trainer's own FSDP2 path (:func:`scale.learner.sharding.build_policy`). An engine stand-in holds its
 own bf16 copy of the model (as vLLM does) and copies every tensor it receives into it. Two
 syncs run in the same processes:
 
-* ``streaming``: :func:`scale.sync.sync` with a bounded bucket (``rollout.sync_bucket_mb``);
+* ``streaming``: :func:`scale.learner.sync.sync` with a bounded bucket (``rollout.sync_bucket_mb``);
 * ``whole model``: what the trainer did before, every full tensor gathered (and cast) before
   the engine sees the first one.
 
@@ -85,9 +85,9 @@ def child(model_dir: str, bucket_mb: float, out: str) -> None:
     from accelerate.utils import InitProcessGroupKwargs
 
     from scale.config import load
-    from scale.sharding import build_policy
-    from scale.sync import MIB, SyncStats, sync
-    from scale.topology import dist_timeout, shutdown
+    from scale.dist.topology import dist_timeout, shutdown
+    from scale.learner.sharding import build_policy
+    from scale.learner.sync import MIB, SyncStats, sync
 
     acc = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=dist_timeout(300))])
     cfg = load("tiny-cpu-fsdp", [f"model.path={model_dir}"])
@@ -149,7 +149,7 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from scale.tiny import build_tiny_model
+    from scale.ops.tiny import build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="dapo-sync-") as tmp:
         model_dir = Path(tmp) / "model"

@@ -116,7 +116,7 @@ def main() -> None:
     import torch
     import trl as trl_pkg
 
-    from scale.tiny import build_tiny_data, build_tiny_model
+    from scale.ops.tiny import build_tiny_data, build_tiny_model
 
     tmp = Path(tempfile.mkdtemp())
     model = build_tiny_model(tmp / "tiny-model")

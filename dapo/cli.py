@@ -33,34 +33,38 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "train": (
         "full regime: DAPO training from a YAML config",
-        "scale.cli:train_main",
-        "scale.cli:train_parser",
+        "scale.ops.cli:train_main",
+        "scale.ops.cli:train_parser",
     ),
-    "eval": ("evaluate a model: avg@k, pass@k, cons@k", "scale.cli:eval_main", "scale.cli:eval_parser"),
+    "eval": (
+        "evaluate a model: avg@k, pass@k, cons@k",
+        "scale.ops.cli:eval_main",
+        "scale.ops.cli:eval_parser",
+    ),
     "export": (
         "a sharded training checkpoint -> one safetensors model directory",
-        "scale.cli:export_main",
-        "scale.cli:export_parser",
+        "scale.ops.cli:export_main",
+        "scale.ops.cli:export_parser",
     ),
     "plan": (
         "estimate memory and step time of a run on a cluster",
-        "scale.plan:main",
-        "scale.plan:build_parser",
+        "scale.ops.plan:main",
+        "scale.ops.plan:build_parser",
     ),
     "stage": (
         "fetch a config's model and data once, for runs with the hub offline",
-        "scale.stage:main",
-        "scale.stage:build_parser",
+        "scale.ops.stage:main",
+        "scale.ops.stage:build_parser",
     ),
     "launch": (
         "generate a multi-node launch (slurm, torchrun, accelerate)",
-        "scale.launch:main",
-        "scale.launch:build_parser",
+        "scale.ops.launch:main",
+        "scale.ops.launch:build_parser",
     ),
     "gate": (
         "write or check the toy gate in front of full-scale runs",
-        "scale.gate:main",
-        "scale.gate:build_parser",
+        "scale.ops.gate:main",
+        "scale.ops.gate:build_parser",
     ),
 }
 

@@ -81,7 +81,7 @@ class RolloutConfig:
     """``colocated``: every rank generates with its own engine, then trains (the engine sleeps
     during the update). ``disaggregated``: the run's ranks only train; ``generators`` other
     processes, started by rank 0, only generate, each with its own engine, and take each new
-    policy version over a process group that spans both (:mod:`scale.bridge`)."""
+    policy version over a process group that spans both (:mod:`scale.dist.bridge`)."""
     generators: int = 1
     """Generator processes of a disaggregated run (each one rollout group with its own engine)."""
     max_staleness: int = 0
@@ -188,7 +188,7 @@ class TrainConfig:
     bridge's groups with the generators are built only once every member has arrived (a host
     wait that notices a generator that died), so no bound applies to them."""
     heartbeat_s: float = 10.0
-    """Each rank beats in the rendezvous store this often (:mod:`scale.heartbeat`; 0: off)."""
+    """Each rank beats in the rendezvous store this often (:mod:`scale.dist.heartbeat`; 0: off)."""
     heartbeat_timeout_s: float = 60.0
     """A rank whose heartbeat has not moved for this long is dead or stopped: every other rank
     exits with one line naming it (status 3) instead of waiting ``dist_timeout_s`` in a

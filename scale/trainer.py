@@ -2,15 +2,15 @@
 
 Two roles, wired here for either placement (``rollout.mode``):
 
-* the **generator** side (:mod:`scale.generator`): the prompt stream, the engines, the
-  generation rounds and global dynamic sampling (:class:`scale.rollout.GlobalDynamicSampler`);
+* the **generator** side (:mod:`scale.generator.role`): the prompt stream, the engines, the
+  generation rounds and global dynamic sampling (:class:`scale.generator.rollout.GlobalDynamicSampler`);
 * the **learner** side (this class): the model on its ranks (DDP or FSDP2), the optimizer,
   :func:`dapo.update`, checkpoints, metrics and health.
 
 Colocated, every rank plays both roles in turn. Per training step, on every rank:
 
 1. generation rounds: each rollout group (the ``rollout.tensor_parallel`` ranks of one engine,
-   :class:`scale.topology.Ranks`) takes its slice of ``gen_groups`` prompts from the one
+   :class:`scale.dist.topology.Ranks`) takes its slice of ``gen_groups`` prompts from the one
    global prompt stream and generates G responses each, scored with
    :func:`dapo.rewards.score_integer_answer`; the sampler counts the informative groups of all
    ranks after each round, stops every rank together at ``train_groups`` (or the round limit)
@@ -24,7 +24,7 @@ Colocated, every rank plays both roles in turn. Per training step, on every rank
 5. periodic evaluation and checkpoints.
 
 Disaggregated, the run's ranks are learners only: ``rollout.generators`` processes generate
-(:class:`scale.disaggregated.GeneratorPool`), batch ``s`` sampled by policy version
+(:class:`scale.placement.disaggregated.GeneratorPool`), batch ``s`` sampled by policy version
 ``max(0, s - 1 - rollout.max_staleness)`` while the learners train the steps before it; rank 0
 receives each batch, checks its staleness and sends each rank its share; after each step every
 rank takes part in publishing the new version (steps 2-4 otherwise as above).
@@ -49,21 +49,21 @@ from dapo.health.knobs import from_config
 from dapo.prompt_selection import PromptSelection, parse_spec
 from dapo.sampling import SamplingWarning
 
-from . import bridge, heartbeat, topology
-from . import checkpoint as ckpt
 from .config import RunConfig
-from .data import DataError, ProblemSet, PromptStream, contamination, prepare_problems
-from .disaggregated import GeneratorPool, in_flight_to_continue, replan, weights_header
-from .engines import make_engine
-from .evaluation import ProblemResult, canonical_prediction, eval_line, summarize
-from .generator import Generator, empty_groups, seed_from
-from .learner import Learner
-from .policy import Policy
-from .rollout import batch_state, from_state
-from .sharding import dtype
-from .stage import CONFIG_FILES, MODEL_FILES, is_hub_id
-from .sync import MIB, SyncStats, stream_weights, sync
-from .topology import Comm, Ranks, all_max, barrier, make_accelerator, start_wait_reports, waiting_for
+from .dist import bridge, heartbeat, topology
+from .dist.topology import Comm, Ranks, all_max, barrier, make_accelerator, start_wait_reports, waiting_for
+from .generator.data import DataError, ProblemSet, PromptStream, contamination, prepare_problems
+from .generator.engines import make_engine
+from .generator.evaluation import ProblemResult, canonical_prediction, eval_line, summarize
+from .generator.role import Generator, empty_groups, seed_from
+from .generator.rollout import batch_state, from_state
+from .learner import checkpoint as ckpt
+from .learner.policy import Policy
+from .learner.role import Learner
+from .learner.sharding import dtype
+from .learner.sync import MIB, SyncStats, stream_weights, sync
+from .ops.stage import CONFIG_FILES, MODEL_FILES, is_hub_id
+from .placement.disaggregated import GeneratorPool, in_flight_to_continue, replan, weights_header
 
 
 def _trim_jsonl(path: Path, step: int) -> list[dict[str, Any]]:
@@ -237,7 +237,7 @@ class Trainer:
         return self.learner.unwrapped
 
     def _sync_engine(self) -> SyncStats:
-        """Stream the weights into the engine, one bounded bucket at a time (:mod:`scale.sync`)."""
+        """Stream the weights into the engine, one bounded bucket at a time (:mod:`scale.learner.sync`)."""
         r = self.cfg.rollout
         return sync(
             self.engine,
@@ -369,7 +369,7 @@ class Trainer:
             )
 
     def _encode(self, prompt: str) -> list[int]:
-        """A prompt's token ids, as :func:`scale.data.prepare_problems` encoded them."""
+        """A prompt's token ids, as :func:`scale.generator.data.prepare_problems` encoded them."""
         return self._prompt_ids[prompt]
 
     def _problem_set(self, field: str, spec: str, split: str) -> ProblemSet:
@@ -393,7 +393,7 @@ class Trainer:
             )
 
         # local rank 0 first when there is a cache to fill or a hub to read (the node's other
-        # ranks then read the cache, or the hub cache offline: scale.stage.hub_environment)
+        # ranks then read the cache, or the hub cache offline: scale.ops.stage.hub_environment)
         ordered = d.cache_dir is not None or is_hub_id(spec)
         first = self.acc.is_local_main_process or not ordered
         ps, failure = None, None
@@ -674,7 +674,7 @@ class Trainer:
 
     def close(self) -> None:
         """Drop the wrapped model, the optimizer and the engine, and accelerate's references to
-        them, so that the process group can really be freed (see :mod:`scale.topology`). The
+        them, so that the process group can really be freed (see :mod:`scale.dist.topology`). The
         engine is shut down first, while the group it was built on still exists."""
         if self.heartbeat is not None:  # done: the peers must not take this rank's exit for a death
             self.heartbeat.stop()
@@ -687,7 +687,7 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save(self) -> Path:
-        """A sharded checkpoint, written by every rank (:mod:`scale.checkpoint`)."""
+        """A sharded checkpoint, written by every rank (:mod:`scale.learner.checkpoint`)."""
         trainer_state = {
             "step": self.step,
             "totals": self.totals,
@@ -734,7 +734,7 @@ class Trainer:
 
     def _resume_point(self, resume: str) -> tuple[Path, dict[str, Any]] | None:
         """The checkpoint ``--resume`` names and its trainer state (None: nothing to resume);
-        :class:`scale.checkpoint.ResumeError` if this run cannot continue it."""
+        :class:`scale.learner.checkpoint.ResumeError` if this run cannot continue it."""
         path = ckpt.latest(self.out) if resume == "auto" else Path(resume)
         if path is None:
             return None
@@ -762,8 +762,8 @@ class Trainer:
         where this run may train them, else dropped with the prompt stream put back where they
         began, so that their prompts are drawn again (nothing skipped). Colocated runs generate
         each batch with the current weights and keep none; a smaller k keeps those still within
-        it (:func:`scale.disaggregated.in_flight_to_continue`); another number of learner ranks
-        splits them again (:func:`scale.disaggregated.replan`)."""
+        it (:func:`scale.placement.disaggregated.in_flight_to_continue`); another number of learner ranks
+        splits them again (:func:`scale.placement.disaggregated.replan`)."""
         held = {int(b): msgs for b, msgs in zero.get("in_flight", {}).items()}
         if not held:
             return

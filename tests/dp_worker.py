@@ -19,11 +19,11 @@ from transformers import AutoModelForCausalLM
 
 from dapo import AlgoConfig, RolloutBatch
 from scale.config import load
-from scale.learner import run_update
-from scale.policy import Policy
-from scale.sharding import build_policy
-from scale.sync import stream_weights
-from scale.topology import dist_timeout
+from scale.dist.topology import dist_timeout
+from scale.learner.policy import Policy
+from scale.learner.role import run_update
+from scale.learner.sharding import build_policy
+from scale.learner.sync import stream_weights
 
 G, GROUPS, T, P = 2, 4, 5, 3
 
@@ -133,7 +133,7 @@ def main() -> None:
 def checked_main() -> None:
     """``main`` under the collective-device check when ``$DAPO_CHECK_COLLECTIVES`` is set; the
     collectives it saw go to ``OUT_FILE.collectives.rank<r>.json``."""
-    from scale.collective_devices import CollectiveDeviceCheck, compute_device, enabled
+    from scale.dist.collective_devices import CollectiveDeviceCheck, compute_device, enabled
 
     if not enabled():
         return main()

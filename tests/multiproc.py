@@ -130,7 +130,7 @@ def run_script(
         try:
             agent_output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            from scale.topology import kill_tree
+            from scale.dist.topology import kill_tree
 
             kill_tree(proc.pid)  # the agent and every rank: nothing outlives the test
             agent_output, _ = proc.communicate()
@@ -174,7 +174,7 @@ def worker(body: Callable[[], None]) -> None:
     through accelerate), then free the process group for good. Exits 1 with the traceback
     if ``body`` raises, and 3 if a gloo thread survives teardown (something still holds
     the group). Returns normally only after a clean teardown."""
-    from scale.topology import preload_collective_modules, shutdown
+    from scale.dist.topology import preload_collective_modules, shutdown
 
     preload_collective_modules()
     try:
@@ -197,7 +197,7 @@ def worker(body: Callable[[], None]) -> None:
 def _function_entry(target: str, kwargs_json: str) -> None:
     import torch.distributed as dist
 
-    from scale.topology import dist_timeout
+    from scale.dist.topology import dist_timeout
 
     module, _, name = target.partition(":")
     fn = getattr(importlib.import_module(module), name)

@@ -225,7 +225,7 @@ class NcclRules:
 
 
 def nccl_group(store: Any, rank: int, size: int, timeout: timedelta) -> tuple[NcclRules, torch.device]:
-    """What :func:`scale.bridge._nccl` returns on GPUs, as the double: the group and this
+    """What :func:`scale.dist.bridge._nccl` returns on GPUs, as the double: the group and this
     member's device (the current :class:`FakeCuda`'s)."""
     from torch.overrides import _get_current_function_mode_stack
 

@@ -1,6 +1,6 @@
 """Rank entry of tests/test_multiproc.py::test_a_late_rank_joins_the_learners_group_and_collectives_stay_bounded.
 
-Rank 1 reaches ``scale.topology.make_accelerator`` three process-group timeouts
+Rank 1 reaches ``scale.dist.topology.make_accelerator`` three process-group timeouts
 (``$DAPO_DIST_TIMEOUT_S``) after rank 0, as a rank still importing on a loaded node does: the
 group must be built all the same. Then rank 1 stays silent for three timeouts more while rank 0
 enters a collective: that collective must give up after about one timeout. Rank 0 writes
@@ -23,7 +23,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from scale.config import load  # noqa: E402
-from scale.topology import make_accelerator, preload_collective_modules  # noqa: E402
+from scale.dist.topology import make_accelerator, preload_collective_modules  # noqa: E402
 
 preload_collective_modules()
 make_accelerator(load("tiny-cpu", [f"output.dir={os.path.dirname(out)}"]))

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from nccl_double import NCCL_HOST_TENSOR, FakeCuda, OnDevice, nccl_group
 
-import scale.bridge as bridge
+import scale.dist.bridge as bridge
 
 
 def _together(*members: Callable[[], Any], limit_s: float = 60.0) -> list[Any]:
@@ -243,12 +243,12 @@ def test_a_host_wait_ends_at_once_when_the_other_side_has_died():
 
 
 def comm_ranks_under_nccl(rank, world):
-    """``scale.topology.Comm`` (all-gather of objects, the point-to-point exchange) and
+    """``scale.dist.topology.Comm`` (all-gather of objects, the point-to-point exchange) and
     ``all_max`` over the default group as NCCL: each passes on the rank's device, and the same
     exchange staged on the host is refused with NCCL's words."""
     from nccl_double import nccl_default
 
-    from scale.topology import Comm, Ranks, all_max
+    from scale.dist.topology import Comm, Ranks, all_max
 
     store = dist.distributed_c10d._get_default_store()
     dist.destroy_process_group()

@@ -239,8 +239,8 @@ def test_eval_names_max_new_tokens_when_the_model_context_is_too_short(capsys, t
 
     for name in ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS", "VLLM_LOGGING_LEVEL"):
         monkeypatch.setenv(name, os.environ.get(name, "error"))
-    monkeypatch.setattr("scale.cli.quiet_engines", lambda verbose: None)
-    monkeypatch.setattr("scale.cli._generate", lambda *a: pytest.fail("the engine must not start"))
+    monkeypatch.setattr("scale.ops.cli.quiet_engines", lambda verbose: None)
+    monkeypatch.setattr("scale.ops.cli._generate", lambda *a: pytest.fail("the engine must not start"))
     data = tmp_path / "eval.jsonl"
     data.write_text(json.dumps({"prompt": "1+1?", "answer": "2"}) + "\n")
     model = dapo_shaped.model_dir(tmp_path / "model")
@@ -274,7 +274,7 @@ def test_fresh_deletes_only_a_previous_run(tmp_path):
     directory a run wrote, and refuses one holding anything else."""
     need("yaml")
     from dapo.cliargs import UsageError
-    from scale.cli import _clear_previous_run
+    from scale.ops.cli import _clear_previous_run
 
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints" / "step_000003").mkdir(parents=True)

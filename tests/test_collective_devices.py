@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multiproc import run_function
 
-from scale.collective_devices import CollectiveDeviceCheck, CollectiveDeviceError, checked
-from scale.sharding import clip_sharded
+from scale.dist.collective_devices import CollectiveDeviceCheck, CollectiveDeviceError, checked
+from scale.learner.sharding import clip_sharded
 
 
 def device_checks(rank, world, out):

@@ -48,7 +48,7 @@ SKIP = ("sync/", "async/")
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from scale.tiny import build_tiny_data, build_tiny_model
+    from scale.ops.tiny import build_tiny_data, build_tiny_model
 
     root = tmp_path_factory.mktemp("tiny")
     model = build_tiny_model(root / "tiny-model")
@@ -209,7 +209,7 @@ def test_resumed_on_two_learners_splits_the_batches_in_flight_again(tiny, ref, s
 
 KILLER = """
 import os, signal, sys
-import scale.bridge as bridge
+import scale.dist.bridge as bridge
 
 real, at = bridge.send_weights, int(os.environ["KILL_DURING_VERSION"])
 
@@ -269,7 +269,7 @@ def test_killed_during_a_weight_broadcast_resumes_to_the_uninterrupted_run(tiny,
 def _pool(**fields):
     from types import SimpleNamespace
 
-    from scale.disaggregated import GeneratorPool
+    from scale.placement.disaggregated import GeneratorPool
 
     pool = GeneratorPool.__new__(GeneratorPool)
     pool.cond, pool.procs, pool.error, pool.received, pool.restored = (
@@ -289,7 +289,7 @@ def test_the_learner_does_not_wait_for_a_batch_that_cannot_arrive():
     """The hang of issue 53, as the pool now sees it: batch 4 at k = 2 needs version 1, which a
     pool started after step 3 without the floor never publishes; the wait ends at once with one
     line naming the batch and the version, and so does a wait for a batch no generator makes."""
-    from scale.disaggregated import ScheduleError
+    from scale.placement.disaggregated import ScheduleError
 
     pool = _pool(k=2, floor=0, first=4, last=4, published={3})
     with pytest.raises(ScheduleError, match="batch 4 needs policy version 1, which was never published"):
@@ -308,7 +308,7 @@ def test_the_learner_does_not_wait_for_a_batch_that_cannot_arrive():
 def test_a_generator_does_not_wait_for_a_version_that_cannot_arrive():
     """Versions arrive in increasing order: once a newer one is in, or every one due has come,
     a generator waiting for a version that is not there stops with one line."""
-    from scale.generator import _Versions
+    from scale.generator.role import _Versions
 
     v = _Versions()
     v.put(3, [("w", torch.zeros(1))])
@@ -335,7 +335,7 @@ DELAY = float(os.environ["DAPO_TEST_GENERATE_DELAY_S"])
 
 class _Slow(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "scale.engines.hf" or "RANK" in os.environ:
+        if name != "scale.generator.engines.hf" or "RANK" in os.environ:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)

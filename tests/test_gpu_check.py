@@ -57,7 +57,7 @@ def test_the_gpu_check_runs_end_to_end_on_cpu_and_gives_a_verdict_per_item(tmp_p
 BREAK_SYNC = """
 import runpy, sys
 sys.path.insert(0, {root!r})
-import scale.sync as s
+import scale.learner.sync as s
 
 real, calls = s.sync, []
 

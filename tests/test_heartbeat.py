@@ -8,7 +8,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from scale.heartbeat import DONE, Heartbeat
+from scale.dist.heartbeat import DONE, Heartbeat
 
 
 class Clock:
@@ -161,7 +161,7 @@ def test_await_verdict_returns_when_every_peer_beats_and_exits_when_one_is_silen
     """After a collective error: with every peer beating, the caller's own error is reported
     (await_verdict returns after one timeout); with a silent peer the heartbeat's line ends
     the rank first."""
-    from scale import heartbeat
+    from scale.dist import heartbeat
 
     store = dist.HashStore()
     b = Heartbeat(store, 1, 2, interval_s=0.05, timeout_s=0.4).start()

@@ -8,10 +8,10 @@ from scale_support import need
 
 need("yaml")
 
-from scale import gate  # noqa: E402
 from scale.config import load  # noqa: E402
-from scale.launch import main as launch_main  # noqa: E402
-from scale.launch import slurm_script, torchrun_command  # noqa: E402
+from scale.ops import gate  # noqa: E402
+from scale.ops.launch import main as launch_main  # noqa: E402
+from scale.ops.launch import slurm_script, torchrun_command  # noqa: E402
 
 
 def _summary(
@@ -65,7 +65,7 @@ def test_gate_write_check_and_refusals(tmp_path, monkeypatch):
 
 
 def test_train_refuses_without_gate_and_records_force(tmp_path, monkeypatch, capsys):
-    from scale.cli import train_main
+    from scale.ops.cli import train_main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(gate, "git_state", lambda cwd=None: ("0" * 40, False))
@@ -149,7 +149,7 @@ def test_launch_scripts_run_as_printed(tmp_path, capsys):
 def test_accelerate_configs_are_valid_yaml():
     import yaml
 
-    from scale.launch import LAUNCH_DIR
+    from scale.ops.launch import LAUNCH_DIR
 
     multi = yaml.safe_load((LAUNCH_DIR / "multinode.yaml").read_text())
     # accelerate only starts the processes: FSDP2, precision and timeouts come from the run
@@ -194,7 +194,7 @@ def test_launch_places_a_disaggregated_run_on_one_node(capsys):
     assert "#SBATCH --gpus-per-node=8" in script
     assert "--num_processes 6" in script and "--num_machines 1" in script
     assert "GPUs 6-7" in script
-    from scale.disaggregated import generator_gpus
+    from scale.placement.disaggregated import generator_gpus
 
     assert generator_gpus(8, 6, 2) == ([6, 7], False)  # what rank 0 then sees: its own GPUs for them
     # tensor-parallel generators: 2 x TP 2 take 4 GPUs, 4 learners train; the 32B preset at TP 2

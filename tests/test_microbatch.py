@@ -226,7 +226,7 @@ def test_losses_on_empty_inputs_are_a_finite_zero_on_the_graph(fn, agg):
 
 def test_token_budget_splitter_counts_prompt_and_response_and_pads_to_the_max():
     from dapo.batch import RolloutBatch
-    from scale.policy import row_tokens, token_budget_splitter
+    from scale.learner.policy import row_tokens, token_budget_splitter
 
     base = make_batch(n_groups=2, g=4, rollout=False)
     plen = torch.tensor([2, 3, 1, 4, 2, 2, 5, 1])

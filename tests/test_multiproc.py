@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from multiproc import LEAK_STATUS, MultiprocessError, run_function, run_script
 
-from scale.topology import communication_threads, dist_timeout
+from scale.dist.topology import communication_threads, dist_timeout
 
 _KEEP = []  # a module global: what keeps a process group alive past destroy_process_group()
 

@@ -23,7 +23,7 @@ VOCAB = 24
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
-    from scale.tiny import build_tiny_model
+    from scale.ops.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("packing") / "tiny-model")
 
@@ -31,7 +31,7 @@ def model_path(tmp_path_factory):
 def load(path, attn="sdpa"):
     from transformers import AutoModelForCausalLM
 
-    from scale.policy import Policy
+    from scale.learner.policy import Policy
 
     lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn)
     return Policy(lm, chunk=5)
@@ -149,7 +149,7 @@ def make_batch(pol, plen, rlen, seed=0, group_size=2):
 
 
 def test_dapo_loss_and_every_gradient_equal_packed_and_padded(model_path):
-    from scale.policy import response_logp
+    from scale.learner.policy import response_logp
 
     results = []
     for packed in (False, True):
@@ -176,7 +176,7 @@ def untied_policy():
     """A tiny Qwen2 whose output layer is its own parameter (not the embeddings)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from scale.policy import Policy
+    from scale.learner.policy import Policy
 
     torch.manual_seed(0)
     cfg = Qwen2Config(
@@ -198,7 +198,7 @@ def test_no_response_token_still_runs_a_backward_through_every_parameter(model_p
     """b == 0 or only 0-length responses: zeros of the right shape whose backward reaches
     every parameter, the output layer included (gradient exactly 0), so FSDP/DDP ranks
     stay in step."""
-    from scale.policy import response_logp
+    from scale.learner.policy import response_logp
 
     pol = load(model_path) if tied else untied_policy()
     assert (pol.output_weight() is pol.lm.get_input_embeddings().weight) == tied
@@ -229,7 +229,7 @@ def test_update_with_token_budget_equals_fixed_micro_batches(model_path):
     """SGD on a fixed batch: packed forwards in token-budget micro-batches (padded with
     empty ones up to a simulated max over ranks) give the weights and metrics of padded
     forwards in fixed-size micro-batches."""
-    from scale.policy import response_logp, row_tokens, token_budget_splitter
+    from scale.learner.policy import response_logp, row_tokens, token_budget_splitter
 
     plen = [3, 1, 5, 2, 1, 4, 1, 6, 2, 3, 1, 2]
     rlen = [5, 1, 7, 1, 2, 0, 4, 3, 6, 2, 1, 7]

@@ -1,5 +1,5 @@
 """Bounded staleness (dapo.pipeline): which version samples which batch, and its clock; the
-learner's staleness check (scale.disaggregated) and the run config's placement rules."""
+learner's staleness check (scale.placement.disaggregated) and the run config's placement rules."""
 
 import math
 
@@ -79,7 +79,7 @@ def _message(version, token_versions):
 def test_learner_refuses_a_batch_older_than_k():
     """The learner checks every token's version before training on it (adversarial batches a
     buggy generator could send)."""
-    from scale.disaggregated import GeneratorPool, StalenessError
+    from scale.placement.disaggregated import GeneratorPool, StalenessError
 
     pool = GeneratorPool.__new__(GeneratorPool)
     import threading
@@ -122,7 +122,7 @@ def test_generator_gpus_own_devices_when_there_are_enough_else_shared_and_said(g
     """Each generator gets a GPU no learner uses when the node has enough (weights over NCCL);
     otherwise the placement says it shares (weights through host memory), and every device
     named exists on the node."""
-    from scale.disaggregated import generator_gpus
+    from scale.placement.disaggregated import generator_gpus
 
     placed, shared = generator_gpus(gpus, learners, n)
     assert len(placed) == n and all(0 <= g < gpus for g in placed)
@@ -137,7 +137,7 @@ def test_tensor_parallel_generators_get_devices_of_their_own_or_are_refused(gpus
     """Generator ``i``'s ``tp`` processes get ``tp`` distinct GPUs after the learners' when the
     node has them; a tensor-parallel generator never shares (it would put two members of the
     weights group on one device): too few GPUs is one line naming the count."""
-    from scale.disaggregated import generator_gpus
+    from scale.placement.disaggregated import generator_gpus
 
     if gpus >= learners + n * tp:
         placed, shared = generator_gpus(gpus, learners, n, tp)
@@ -148,7 +148,7 @@ def test_tensor_parallel_generators_get_devices_of_their_own_or_are_refused(gpus
 
 
 def test_generator_gpus_refuses_a_node_without_gpus():
-    from scale.disaggregated import generator_gpus
+    from scale.placement.disaggregated import generator_gpus
 
     with pytest.raises(ValueError, match="no GPU"):
         generator_gpus(0, 1, 1)
@@ -192,7 +192,7 @@ def _held(step, versions):
 
 
 def test_a_smaller_k_keeps_the_held_batches_it_allows_and_samples_the_rest_again():
-    from scale.disaggregated import in_flight_to_continue
+    from scale.placement.disaggregated import in_flight_to_continue
 
     held = _held(4, [2, 3])  # after step 4 with k = 2: batch 5 by version 2, batch 6 by version 3
     kept, dropped = in_flight_to_continue(held, 4, 2)
@@ -219,9 +219,9 @@ def test_a_held_batch_split_again_for_another_learner_count_is_the_generators_ow
     import random
 
     from dapo import AlgoConfig
-    from scale.disaggregated import replan
-    from scale.rollout import GlobalDynamicSampler, batch_state
-    from scale.topology import Comm, Ranks
+    from scale.dist.topology import Comm, Ranks
+    from scale.generator.rollout import GlobalDynamicSampler, batch_state
+    from scale.placement.disaggregated import replan
 
     g, t = 4, 6
     rng = random.Random(seed)

@@ -6,7 +6,7 @@ from scale_support import need
 need("yaml")
 
 from scale.config import load  # noqa: E402
-from scale.plan import KNOWN, Arch, Cluster, GiB, Strategy, arch_for, plan  # noqa: E402
+from scale.ops.plan import KNOWN, Arch, Cluster, GiB, Strategy, arch_for, plan  # noqa: E402
 
 
 def test_parameter_counts_match_the_published_sizes():
@@ -93,7 +93,7 @@ def test_dynamic_sampling_costs_extra_generation():
 
 
 def test_cli(capsys):
-    from scale.plan import main
+    from scale.ops.plan import main
 
     assert main(["--config", "qwen2.5-32b-dapo", "--gpus", "8", "--gpu-mem", "80", "--nodes", "16"]) == 0
     assert "FITS" in capsys.readouterr().out
@@ -111,7 +111,7 @@ def test_placement_estimate_orders_and_depends_on_the_tail():
     (both phases on fewer GPUs, no overlap), more staleness never slows the pipeline, and only
     where the longest response bounds the round (decoding slower per sequence than the GPUs'
     share) does splitting the GPUs pay; the assumptions are printed."""
-    from scale.plan import format_placement, placement
+    from scale.ops.plan import format_placement, placement
 
     cfg = load("qwen2.5-32b-dapo")
     cluster = Cluster(16, 8, 80.0)
@@ -140,7 +140,7 @@ def test_selection_saving_counts_the_rounds_a_higher_acceptance_removes(capsys):
     against --acceptance, the rest of the plan equal; whole rounds, as the trainer generates."""
     import json
 
-    from scale.plan import main, selection_saving
+    from scale.ops.plan import main, selection_saving
 
     cfg = load("qwen2.5-32b-dapo", [])
     cluster = Cluster(16, 8, 80.0)
@@ -179,7 +179,7 @@ def test_a_generator_s_engine_is_sized_by_its_weights_and_one_sequence_s_kv_cach
     a 20,480-token response holds 5 GiB; bf16 weights 2 B per parameter. At TP 1 on an 80 GB
     GPU at 0.8 they need 67 GiB of 63.4: refused, with the term named; at TP 2, on an H200, or
     at utilization 0.9 the same engine fits."""
-    from scale.fit import GPUS, engine_gib, problems, smallest_tp
+    from scale.ops.fit import GPUS, engine_gib, problems, smallest_tp
 
     cfg = load("qwen2.5-32b-dapo", DISAGGREGATED)
     g = engine_gib(cfg)
@@ -203,8 +203,8 @@ def test_a_generator_s_engine_is_sized_by_its_weights_and_one_sequence_s_kv_cach
 
 
 def test_plan_and_validate_only_refuse_what_cannot_fit_before_any_model_loads(capsys, tmp_path):
-    from scale.cli import train_main
-    from scale.plan import main
+    from scale.ops.cli import train_main
+    from scale.ops.plan import main
 
     argv = ["--config", "qwen2.5-32b-dapo", "--gpus", "8", "--gpu-type", "h100-80gb", *DISAGGREGATED]
     assert main(argv) == 1

@@ -15,7 +15,7 @@ def train(path, *, weights: torch.dtype, autocast: bool):
     """20 AdamW steps at lr 1e-6 on a fixed objective; the weights before and after (fp32)."""
     from transformers import AutoModelForCausalLM
 
-    from scale.policy import Policy
+    from scale.learner.policy import Policy
 
     lm = AutoModelForCausalLM.from_pretrained(path, dtype=weights)
     policy = Policy(lm, chunk=16)
@@ -45,7 +45,7 @@ def delta(before, after):
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from scale.tiny import build_tiny_model
+    from scale.ops.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("prec") / "m", format_steps=0)
 
@@ -65,7 +65,7 @@ def test_fp32_masters_with_bf16_compute_move_like_fp32_and_bf16_weights_do_not(m
 
 
 def test_a_parameter_left_on_meta_is_refused():
-    from scale.sharding import check_materialised
+    from scale.learner.sharding import check_materialised
 
     lin = torch.nn.Linear(2, 2)
     check_materialised(lin)

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from scale_support import need
 
-from scale import preset_copy as pc
 from scale.config import load, resolve_path
+from scale.rehearsal import preset_copy as pc
 
 
 def flat(d, prefix=""):
@@ -65,7 +65,7 @@ def test_the_code_paths_the_preset_selects_are_on_in_the_copy(copy):
 
 
 def test_the_rehearsal_trains_the_copy():
-    from scale import rehearsal
+    from scale.rehearsal import run as rehearsal
 
     assert "preset_copy(" in inspect.getsource(rehearsal.rehearse)
 
@@ -74,7 +74,7 @@ def test_the_copys_data_takes_the_presets_template_and_chat_template_paths(tmp_p
     need("transformers", "tokenizers", "datasets")
     from transformers import AutoTokenizer
 
-    from scale.data import prepare_problems
+    from scale.generator.data import prepare_problems
 
     model = pc.build_model(tmp_path / "m")
     train, _ = pc.build_data(tmp_path / "d")

@@ -20,8 +20,8 @@ from multiproc import MultiprocessError, run_function
 
 from dapo import AlgoConfig, RolloutBatch
 from dapo.sampling import SamplingWarning
-from scale.rollout import GlobalDynamicSampler, RolloutDivergence, round_digest
-from scale.topology import CollectiveTimeout, Comm, Ranks, start_wait_reports, waiting_for
+from scale.dist.topology import CollectiveTimeout, Comm, Ranks, start_wait_reports, waiting_for
+from scale.generator.rollout import GlobalDynamicSampler, RolloutDivergence, round_digest
 
 G = 4
 GEN = 8  # prompts per round, over all rollout groups

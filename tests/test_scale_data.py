@@ -8,7 +8,7 @@ need("datasets", "pyarrow")
 
 import dapo_shaped  # noqa: E402
 
-from scale.data import (  # noqa: E402
+from scale.generator.data import (  # noqa: E402
     CACHE_VERSION,
     DAPO_TEMPLATE,
     ChatTemplateError,
@@ -547,7 +547,7 @@ def test_a_hub_dataset_that_cannot_be_fetched_is_one_line_naming_it(monkeypatch,
     (a FileNotFoundError, which `dapo train` reports in one line with exit 2), not a traceback."""
     import datasets
 
-    from scale.data import _Reader
+    from scale.generator.data import _Reader
 
     def fail(*args, **kwargs):
         raise raised
@@ -566,7 +566,7 @@ def test_dapo_train_with_a_missing_data_file_is_one_line_and_exit_2(tmp_path):
     import subprocess
     import sys
 
-    from scale.tiny import build_tiny_data, build_tiny_model
+    from scale.ops.tiny import build_tiny_data, build_tiny_model
 
     model = build_tiny_model(tmp_path / "model")
     _, ev = build_tiny_data(tmp_path / "data")

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scale.evaluation import ProblemResult, majority_answer, pass_at_k, summarize
+from scale.generator.evaluation import ProblemResult, majority_answer, pass_at_k, summarize
 
 
 @given(st.integers(1, 9).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
@@ -55,7 +55,7 @@ def test_dapo_eval_deduplicates_aime_rows_and_uses_the_prepared_ids(chat, tmp_pa
     from transformers import AutoTokenizer
 
     from dapo import cli
-    from scale.data import prepare_problems
+    from scale.generator.data import prepare_problems
 
     data = dapo_shaped.aime_2024(tmp_path / "aime-2024.parquet")
     model = dapo_shaped.model_dir(tmp_path / "model")
@@ -65,8 +65,8 @@ def test_dapo_eval_deduplicates_aime_rows_and_uses_the_prepared_ids(chat, tmp_pa
         seen.append(prompts)
         return [[SimpleNamespace(token_ids=[])] * args.k for _ in prompts]
 
-    monkeypatch.setattr("scale.cli._generate", generate)
-    monkeypatch.setattr("scale.cli.quiet_engines", lambda verbose: None)
+    monkeypatch.setattr("scale.ops.cli._generate", generate)
+    monkeypatch.setattr("scale.ops.cli.quiet_engines", lambda verbose: None)
     out = tmp_path / "eval.json"
     argv = ["eval", "--model", str(model), "--data", str(data), "--k", "4", "--chat-template", chat]
     assert cli.main([*argv, "--out", str(out)]) == 0

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from scale.tiny import build_tiny_data, build_tiny_model
+    from scale.ops.tiny import build_tiny_data, build_tiny_model
 
     root = tmp_path_factory.mktemp("tiny")
     model = build_tiny_model(root / "tiny-model")
@@ -79,7 +79,7 @@ def assert_same(a, b, tol=1e-6):
 def test_policy_logprobs_equal_a_plain_forward(tiny):
     from transformers import AutoModelForCausalLM
 
-    from scale.policy import Policy, pack
+    from scale.learner.policy import Policy, pack
 
     lm = AutoModelForCausalLM.from_pretrained(tiny["model"], dtype=torch.float32)
     pol = Policy(lm, chunk=5)
@@ -270,9 +270,9 @@ def test_two_gloo_processes_equal_one(tiny, tmp_path, options, monkeypatch):
 
 
 def test_non_finite_loss_is_skipped_and_reported(tiny, tmp_path):
-    from scale import learner as L
     from scale import trainer as T
     from scale.config import load
+    from scale.learner import role as L
 
     cfg = load(
         "tiny-cpu",
@@ -348,8 +348,8 @@ def test_malformed_data_and_bad_config_refuse_to_start(tiny, tmp_path):
 
 
 def test_engine_failures_are_clear_errors():
-    from scale.engines.base import EngineError, Generation, check_generations
-    from scale.engines.vllm_engine import VLLMEngine
+    from scale.generator.engines.base import EngineError, Generation, check_generations
+    from scale.generator.engines.vllm_engine import VLLMEngine
 
     with pytest.raises(EngineError, match="2 samples"):
         check_generations([[Generation([1], [-0.1], "stop")] * 2], 1, 3, 8)
@@ -392,7 +392,7 @@ def test_per_prompt_seeds_make_samples_independent_of_the_batch(tiny):
     vLLM seeds each request's generator, checked by the rehearsal's resumes)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from scale.engines import make_engine
+    from scale.generator.engines import make_engine
 
     tok = AutoTokenizer.from_pretrained(tiny["model"])
     engine = make_engine(
@@ -429,7 +429,7 @@ def _generator_pids(run_dir):
         except OSError:
             continue
         args = [a.decode(errors="replace") for a in argv]
-        if "scale.generator" in args and str(run_dir) in args:
+        if "scale.generator.role" in args and str(run_dir) in args:
             found[int(args[args.index("--index") + 1])] = int(entry.name)
     return found
 

@@ -12,7 +12,7 @@ from scale_support import need
 
 from dapo import cli
 from scale.config import load
-from scale.stage import OFFLINE_ENV, hub_environment, is_hub_id
+from scale.ops.stage import OFFLINE_ENV, hub_environment, is_hub_id
 
 
 def test_hub_ids_and_local_paths(tmp_path):
@@ -45,7 +45,7 @@ def fake_hub(monkeypatch, tmp_path):
     import datasets
     import huggingface_hub
 
-    from scale.tiny import build_tiny_model
+    from scale.ops.tiny import build_tiny_model
 
     source = build_tiny_model(tmp_path / "hub-model", format_steps=0)
     (source / "pytorch_model.bin").write_bytes(b"a duplicate a repository may hold")
@@ -92,7 +92,7 @@ def test_stage_then_launch_staged_runs_offline_on_the_staged_files(fake_hub, tmp
     assert record["env"] == OFFLINE_ENV
     assert (staged / "model" / "config.json").is_file() and (staged / "model" / "model.safetensors").is_file()
     assert not (staged / "model" / "pytorch_model.bin").exists()  # only what a run reads
-    from scale.data import prepare_problems
+    from scale.generator.data import prepare_problems
 
     ps = prepare_problems(str(staged / "data" / "train.parquet"), chat_template=False)
     assert len(ps.problems) == 5 and ps.problems[0].answer == "1"

@@ -9,16 +9,16 @@ from scale_support import need
 
 need("transformers", "safetensors")
 
-from scale.engines.base import EngineError  # noqa: E402
-from scale.engines.vllm_engine import VLLMEngine, load_path  # noqa: E402
-from scale.sync import SyncStats, stream_weights, sync  # noqa: E402
+from scale.generator.engines.base import EngineError  # noqa: E402
+from scale.generator.engines.vllm_engine import VLLMEngine, load_path  # noqa: E402
+from scale.learner.sync import SyncStats, stream_weights, sync  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
-    from scale.tiny import build_tiny_model
+    from scale.ops.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path_factory.mktemp("sync") / "m", format_steps=0)
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -155,7 +155,7 @@ def test_cpu_tensor_parallel_shared_memory_is_named_per_run(monkeypatch):
         pytest.skip("needs vLLM")
     from vllm.distributed.device_communicators import cpu_communicator as cc
 
-    from scale.engines.vllm_engine import _name_cpu_shm, cpu_shm_ident
+    from scale.generator.engines.vllm_engine import _name_cpu_shm, cpu_shm_ident
 
     # restored after the test as it was (a staticmethod)
     monkeypatch.setattr(

@@ -76,7 +76,7 @@ class RunSpec:
     ``greso``, ``retire``, ``pools``, options after a colon): prompts come from a stream (each epoch a
     seeded permutation, as a data loader's) and the policy decides which to generate; a round
     holds ``train_groups`` prompts (after one pass of offers, the stream's next ones are taken
-    undecided, as ``scale.generator`` does). None:
+    undecided, as ``scale.generator.role`` does). None:
     prompts drawn uniformly with replacement (every other experiment)."""
     drift_at: int | None = None
     """From this step on the task is its ``drifted=True`` variant (``prompt_pool``): prompts

@@ -105,7 +105,7 @@ def build_model(path: Path) -> Path:
     """The tiny model, with a chat template (the preset applies the tokenizer's)."""
     from transformers import AutoTokenizer
 
-    from .tiny import build_tiny_model
+    from ..ops.tiny import build_tiny_model
 
     build_tiny_model(path)
     tok = AutoTokenizer.from_pretrained(path)

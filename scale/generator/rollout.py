@@ -1,7 +1,7 @@
 """Dynamic sampling over every rank of a run (Section 3.2, Eq. 11's constraint, at scale).
 
 Each rollout group (the ``tensor_parallel`` ranks that share one engine,
-:class:`scale.topology.Ranks`) generates a round, keeps its informative groups
+:class:`scale.dist.topology.Ranks`) generates a round, keeps its informative groups
 (``0 < #correct < G``) and tells every rank, in one small all-gather, what it accepted, how
 long those groups are, and the per-response outcomes. From the same reports every rank then
 decides the same thing:
@@ -16,7 +16,7 @@ decides the same thing:
   :meth:`dapo.DynamicSampler.take`);
 * **who trains on what**: the kept groups split into equal counts per rank with balanced token
   sums (:func:`dapo.sampling.balance_groups`), then moved point to point
-  (:meth:`scale.topology.Comm.exchange`). A rank never holds more than its own share.
+  (:meth:`scale.dist.topology.Comm.exchange`). A rank never holds more than its own share.
 
 The members of a rollout group must have generated the same thing: their reports carry a digest
 of prompts, seed and outputs, and a mismatch stops the run with the ranks named.
@@ -46,9 +46,9 @@ from dapo.sampling import (
     trim_round_major,
 )
 
-from .bridge import dump, load
-from .policy import row_tokens
-from .topology import Comm, Ranks
+from ..dist.bridge import dump, load
+from ..dist.topology import Comm, Ranks
+from ..learner.policy import row_tokens
 
 
 class RolloutDivergence(RuntimeError):
@@ -98,7 +98,7 @@ class _Candidate:
 
 def batch_state(batch: RolloutBatch | None) -> dict[str, Any] | None:
     """A batch as plain tensors and numbers (what travels between processes and what a
-    checkpoint keeps in flight; :func:`scale.bridge.dump` writes it)."""
+    checkpoint keeps in flight; :func:`scale.dist.bridge.dump` writes it)."""
     if batch is None:
         return None
     state = {k: v for k, v in batch.__dict__.items() if k != "extras"}
@@ -228,7 +228,7 @@ class GlobalDynamicSampler:
             )
 
     def kept(self, parts: int) -> tuple[list[Key], RolloutBatch | None, list[list[Key]]]:
-        """For learners in other processes (a disaggregated run, :mod:`scale.generator`): this
+        """For learners in other processes (a disaggregated run, :mod:`scale.generator.role`): this
         rollout group's kept groups, as their keys ``(round, rollout group, index)`` and their
         rows (None when it kept none), and the plan: for each of ``parts`` learner ranks the
         keys of its groups, in canonical order (the order :meth:`take` gives). Warns like

@@ -4,7 +4,7 @@ store.
 A collective whose peer died or stopped waits for the process-group timeout
 (``train.dist_timeout_s``, an hour in the 32B preset, above the longest generation round):
 one dead GPU would idle the other 127 for that long, and on NCCL the watchdog then kills the
-process without the :class:`scale.topology.CollectiveTimeout` line. The heartbeat does not wait
+process without the :class:`scale.dist.topology.CollectiveTimeout` line. The heartbeat does not wait
 for a collective to fail. Every rank runs one daemon thread that, every ``interval_s``:
 
 1. adds 1 to its own counter ``dapo/heartbeat/<rank>`` in the rendezvous store (the TCP

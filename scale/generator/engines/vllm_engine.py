@@ -1,7 +1,7 @@
 """vLLM colocated with the trainer, in the same process.
 
 * Weights are synced in place after each training step from a *stream* of ``(name,
-  tensor)`` pairs (:func:`scale.sync.stream_weights`; the tied output layer included),
+  tensor)`` pairs (:func:`scale.learner.sync.stream_weights`; the tied output layer included),
   then the prefix cache is reset so no stale KV entries survive. Two load paths, chosen by
   what the installed vLLM's worker offers (:func:`load_path`), not by its version string:
 
@@ -198,7 +198,7 @@ class VLLMEngine:
         device = torch.device("cuda", torch.cuda.current_device()) if self.on_gpu else torch.device("cpu")
 
         def run() -> None:
-            from ..collective_devices import checked
+            from ...dist.collective_devices import checked
 
             try:
                 if self.on_gpu:
@@ -214,7 +214,7 @@ class VLLMEngine:
         if worker.is_alive():
             raise EngineError(f"vLLM weight sync did not finish within {self.sync_timeout_s:.0f} s")
         if error:
-            from ..collective_devices import CollectiveDeviceError
+            from ...dist.collective_devices import CollectiveDeviceError
 
             if isinstance(error[0], CollectiveDeviceError):
                 raise error[0]

@@ -1,7 +1,7 @@
 """The trainer's model on its ranks: fp32 masters, compute precision, DDP or FSDP2.
 
 ``train.sharding: fsdp2`` applies ``torch.distributed.fsdp.fully_shard`` directly, one unit
-per decoder layer and then the root (:class:`scale.policy.Policy`), as verl's FSDP2 workers
+per decoder layer and then the root (:class:`scale.learner.policy.Policy`), as verl's FSDP2 workers
 and torchtitan do. accelerate stays the launcher, the process group (with
 ``train.dist_timeout_s``) and the trackers; it does not wrap the model, because accelerate
 1.x turns an FSDP plugin on a CPU into no distribution at all (``DistributedType.NO``), and
@@ -22,9 +22,9 @@ verl does (``fsdp2_load_full_state_dict``, ``fsdp2_clip_grad_norm_``, the shardi
 the weights are loaded and broadcast on the device, FSDP2 keeping the shards in host memory
 (:func:`_fsdp2`), the gradient norm's reduction runs on the device (:func:`clip_grad_norm`),
 and the weight sync moves each shard to the device before its all-gather
-(:mod:`scale.sync`). A ``cpu:gloo,cuda:nccl`` group (torchtitan's choice) would also run, but
+(:mod:`scale.learner.sync`). A ``cpu:gloo,cuda:nccl`` group (torchtitan's choice) would also run, but
 it would carry those collectives over TCP from host memory: a 32B model's weights broadcast
-and gathered through gloo on every sync. :mod:`scale.collective_devices` checks the rule
+and gathered through gloo on every sync. :mod:`scale.dist.collective_devices` checks the rule
 at run time.
 
 Precision: master weights and optimizer state in ``model.dtype`` (fp32); with

@@ -126,7 +126,7 @@ def check(cfg, gate_dir: Path = GATE_DIR) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     from dapo.cliargs import InFile, Parser, Text
 
-    from .config import presets
+    from ..config import presets
 
     ap = Parser(prog="dapo gate", description="The toy gate in front of full-scale runs.")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="{write,check}")
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from dapo.config import ConfigError
 
-    from .config import load
+    from ..config import load
 
     try:
         cfg = load(args.config)

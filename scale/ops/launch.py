@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from dapo.cliargs import UsageError
 
-    from .config import load_for_cli
+    from ..config import load_for_cli
 
     env_vars = dict(ENV)
     if args.staged is not None:  # the staged model and data, and no process touches the hub

@@ -13,7 +13,7 @@ from deep inside a DTensor op.
 It is on when ``$DAPO_CHECK_COLLECTIVES=1`` (``python -m scale.rehearsal`` and
 ``benchmarks/gpu_check.py`` set it): a ``TorchDispatchMode`` sees every operator, which slows
 training, so it is not on by default. Dispatch modes are per thread; the weight sync's side
-thread enters its own (:func:`scale.engines.vllm_engine.VLLMEngine.sync_weights`).
+thread enters its own (:func:`scale.generator.engines.vllm_engine.VLLMEngine.sync_weights`).
 
 What a CPU run can and cannot show: on a CPU the compute device *is* the host, so the check
 passes there whatever the placement; it proves that the check sees every collective of a

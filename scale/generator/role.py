@@ -9,7 +9,7 @@
   rank 0), each with its own engine, while the learner's ranks train. Batch ``s`` is sampled
   by policy version :func:`dapo.pipeline.behaviour_version` ``(s, rollout.max_staleness)``
   whatever the timing; the generators take each version from the learner over the bridge
-  (:mod:`scale.bridge`) into host memory as soon as it is published, load it into the engine
+  (:mod:`scale.dist.bridge`) into host memory as soon as it is published, load it into the engine
   when a batch needs it, decide dynamic sampling together over their own group, and send
   their kept groups and the learners' plan to the learner's rank 0.
 
@@ -40,11 +40,11 @@ from dapo.prompt_selection import PromptSelection, select
 from dapo.rewards import score_integer_answer
 from dapo.sampling import SamplingWarning
 
-from .config import RunConfig
+from ..config import RunConfig
+from ..dist.topology import Ranks
 from .data import PromptStream
 from .engines import Generation
 from .rollout import GlobalDynamicSampler, batch_state, round_digest
-from .topology import Ranks
 
 
 def seed_from(*parts: Any) -> int:
@@ -83,7 +83,7 @@ class Generator:
         self.pad_id = tokenizer.pad_token_id
 
     def encode(self, prompt: str) -> list[int]:
-        """A prompt's token ids, as :func:`scale.data.prepare_problems` encoded them."""
+        """A prompt's token ids, as :func:`scale.generator.data.prepare_problems` encoded them."""
         return self.prompt_ids[prompt]
 
     def rounds(
@@ -304,7 +304,7 @@ def _engine(
     if r.engine == "hf":  # its own copy of the model, loaded with each version
         from transformers import AutoModelForCausalLM
 
-        from .sharding import dtype
+        from ..learner.sharding import dtype
 
         lm = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype(cfg.model.dtype))
         return make_engine(
@@ -329,7 +329,7 @@ def _engine(
 
 def main(argv: list[str] | None = None) -> int:
     """One generator process of a disaggregated run (started by the learner's rank 0)."""
-    ap = argparse.ArgumentParser(prog="python -m scale.generator")
+    ap = argparse.ArgumentParser(prog="python -m scale.generator.role")
     ap.add_argument("--run-dir", required=True, help="the run's output.dir (its config.json)")
     ap.add_argument("--addr", required=True, help="the bridge's store (the learner's rank 0)")
     ap.add_argument("--port", type=int, required=True)
@@ -345,13 +345,13 @@ def main(argv: list[str] | None = None) -> int:
         "--weights-backend",
         choices=("gloo", "nccl"),
         default="gloo",
-        help="how versions arrive (the learner's choice, scale.disaggregated.generator_gpus)",
+        help="how versions arrive (the learner's choice, scale.placement.disaggregated.generator_gpus)",
     )
     args = ap.parse_args(argv)
     from transformers import AutoTokenizer
 
-    from . import bridge
-    from .config import from_dict
+    from ..config import from_dict
+    from ..dist import bridge
     from .data import prepare_problems
 
     cfg = from_dict(json.loads((Path(args.run_dir) / "config.json").read_text()), source="config.json")
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     stream.load_state_dict(hello["stream"])
     versions = _Versions()
     engine = _engine(cfg, i, hello["max_model_len"], tokenizer, shm_ident)
-    # the weights group only now that the engine exists (scale.disaggregated GeneratorPool._join_weights)
+    # the weights group only now that the engine exists (scale.placement.disaggregated GeneratorPool._join_weights)
     batches.post(f"ready/{g}")
     batches.wait("join", "the learner to send its first policy version")
     weights = bridge.group(kv, "weights", g + 1, procs + 1, timeout, backend=backend)

@@ -17,7 +17,7 @@ from .fit import GPUS
 def config_arguments(p: argparse.ArgumentParser) -> None:
     """``--config`` and the ``section.field=value`` overrides (the config is checked by
     :func:`scale.config.load_for_cli` before any work)."""
-    from .config import presets
+    from ..config import presets
 
     p.add_argument(
         "--config",
@@ -68,14 +68,14 @@ def train_parser() -> argparse.ArgumentParser:
 
 
 def _engine_does_not_fit(cfg, gpu) -> bool:  # type: ignore[no-untyped-def]
-    """Print why the rollout engine cannot fit ``gpu`` (:mod:`scale.fit`), one line per term."""
+    """Print why the rollout engine cannot fit ``gpu`` (:mod:`scale.ops.fit`), one line per term."""
     from .fit import problems
 
     if cfg.rollout.engine != "vllm":
         return False
     try:
         lines = problems(cfg, gpu)
-    except ValueError:  # an architecture this machine cannot read (a hub id not in scale.plan.KNOWN)
+    except ValueError:  # an architecture this machine cannot read (a hub id not in scale.ops.plan.KNOWN)
         return False
     for line in lines:
         print(f"dapo train: does not fit: {line}", file=sys.stderr)
@@ -102,8 +102,8 @@ def train_main(argv: list[str] | None = None) -> int:
     if args.fresh and args.resume:
         raise UsageError("--fresh deletes the run that --resume would continue; give one of them")
 
-    from .config import load_for_cli
-    from .data import DataError
+    from ..config import load_for_cli
+    from ..generator.data import DataError
 
     cfg = load_for_cli("dapo train", args.config, args.overrides)
     if cfg is None:
@@ -159,14 +159,14 @@ def train_main(argv: list[str] | None = None) -> int:
         new_dir = not out.exists()
         out.mkdir(parents=True, exist_ok=True)
         _ensure_tiny(cfg)
-    from . import heartbeat
-    from .checkpoint import ResumeError
-    from .collective_devices import CollectiveDeviceError, checked, compute_device
-    from .disaggregated import ScheduleError, StalenessError
-    from .engines import EngineError
-    from .rollout import RolloutDivergence
-    from .topology import CollectiveTimeout, is_collective_failure, preload_collective_modules, shutdown
-    from .trainer import LayoutError, Trainer
+    from ..dist import heartbeat
+    from ..dist.collective_devices import CollectiveDeviceError, checked, compute_device
+    from ..dist.topology import CollectiveTimeout, is_collective_failure, preload_collective_modules, shutdown
+    from ..generator.engines import EngineError
+    from ..generator.rollout import RolloutDivergence
+    from ..learner.checkpoint import ResumeError
+    from ..placement.disaggregated import ScheduleError, StalenessError
+    from ..trainer import LayoutError, Trainer
 
     preload_collective_modules()  # before accelerate creates the process group
     try:
@@ -304,7 +304,7 @@ def _validate_data(cfg) -> int:
     rows``). With the model's tokenizer at hand (a local directory, or the hub cache; nothing
     is downloaded for it) the chat template and prompt lengths are checked too, and the
     prepared sets are cached (``data.cache_dir``) for the run to read."""
-    from .data import DataError, prepare_problems
+    from ..generator.data import DataError, prepare_problems
 
     tok = None
     model = Path(cfg.model.path).expanduser()
@@ -468,7 +468,7 @@ def _generate(args: argparse.Namespace, tok: Any, prompts: list[list[int]]) -> l
     """``args.k`` samples per prompt from the chosen engine, with a progress bar."""
     import torch
 
-    from .engines import make_engine
+    from ..generator.engines import make_engine
 
     if args.engine == "hf":
         from transformers import AutoModelForCausalLM
@@ -519,7 +519,7 @@ def eval_main(argv: list[str] | None = None) -> int:
             f"no such file: {args.chat_template!r}"
         )
 
-    from .data import ChatTemplateError, DataError, prepare_problems
+    from ..generator.data import ChatTemplateError, DataError, prepare_problems
 
     # the records first (no tokenizer yet: a bad file is reported before anything is loaded)
     try:
@@ -532,8 +532,8 @@ def eval_main(argv: list[str] | None = None) -> int:
     check_companions()
     from transformers import AutoTokenizer
 
-    from .engines import EngineError
-    from .evaluation import ProblemResult, canonical_prediction, summarize
+    from ..generator.engines import EngineError
+    from ..generator.evaluation import ProblemResult, canonical_prediction, summarize
 
     try:
         tok = AutoTokenizer.from_pretrained(args.model)
@@ -627,8 +627,8 @@ def export_main(argv: list[str] | None = None) -> int:
 
     quiet_engines(False)
     check_companions()
-    from .checkpoint import export
-    from .sharding import dtype
+    from ..learner.checkpoint import export
+    from ..learner.sharding import dtype
 
     try:
         out = export(path, args.out, dtype(args.dtype))

@@ -23,10 +23,10 @@ from torch.distributed.fsdp import FSDPModule
 
 from dapo import DataParallel, RolloutBatch, update
 
+from ..dist.topology import all_max
 from . import checkpoint as ckpt
 from .policy import Policy, response_logp, token_budget_splitter
 from .sharding import build_policy, clip_grad_norm
-from .topology import all_max
 
 Split = Callable[[torch.Tensor], list[torch.Tensor]]
 """Row indices -> the micro-batches' row indices (the same count on every rank)."""
@@ -150,7 +150,7 @@ class Learner:
         return m
 
     def save(self, out: Path, step: int, **kw: Any) -> Path:
-        """A sharded checkpoint of model, optimizer and schedule (:func:`scale.checkpoint.save`;
+        """A sharded checkpoint of model, optimizer and schedule (:func:`scale.learner.checkpoint.save`;
         ``kw``: rank_state, trainer_state, hf_save, rank, keep, barrier)."""
         return ckpt.save(
             out,

@@ -1,7 +1,7 @@
 """The learner's side of a disaggregated run: its generator processes, as one pool.
 
 On the learner's rank 0, :class:`GeneratorPool` starts ``rollout.generators`` processes
-(:func:`scale.generator.main`), hosts the bridge's store (:mod:`scale.bridge`), tells each
+(:func:`scale.generator.role.main`), hosts the bridge's store (:mod:`scale.dist.bridge`), tells each
 generator where to start (first and last batch, the prompt stream's position, k), receives
 their batches in a thread that does nothing else, and publishes each policy version the
 generators will need. Every learner rank calls :meth:`publish` (under FSDP2 each takes part in
@@ -25,13 +25,13 @@ learner ranks are split again (:func:`replan`).
 
 No wait is without an end: the learner waits for a batch only while every version it needs
 has been published or is about to be (:meth:`GeneratorPool.wait_for`), and a generator waits
-for a version only while the versions arriving have not passed it (:mod:`scale.generator`).
+for a version only while the versions arriving have not passed it (:mod:`scale.generator.role`).
 Waits across the boundary (a generation round, a training step, an engine starting) are on
-the host, polling a store key (:mod:`scale.bridge`), so none is cut short by
+the host, polling a store key (:mod:`scale.dist.bridge`), so none is cut short by
 ``train.dist_timeout_s``; a generator that dies is noticed at the next poll.
 
 A generator process that exits before its work is done ends the run with one line naming it
-and its log (:class:`scale.engines.EngineError`, exit status 4 of ``dapo train``).
+and its log (:class:`scale.generator.engines.EngineError`, exit status 4 of ``dapo train``).
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ import torch
 
 from dapo.pipeline import behaviour_version, versions_needed
 
-from . import bridge, topology
-from .config import RunConfig
-from .engines import EngineError
+from ..config import RunConfig
+from ..dist import bridge, topology
+from ..generator.engines import EngineError
 
 
 class StalenessError(RuntimeError):
@@ -94,12 +94,12 @@ def in_flight_to_continue(
 
 def replan(parts: list[dict[str, Any]], learners: int, group_size: int) -> list[list[list[int]]]:
     """A held batch's split over ``learners`` ranks, made again as its generators make it
-    (:meth:`scale.rollout.GlobalDynamicSampler.kept`: groups in canonical key order, balanced
+    (:meth:`scale.generator.rollout.GlobalDynamicSampler.kept`: groups in canonical key order, balanced
     by their prompt + response tokens), for a resume on another number of learner ranks."""
     from dapo.sampling import balance_groups
 
-    from .policy import row_tokens
-    from .rollout import from_state
+    from ..generator.rollout import from_state
+    from ..learner.policy import row_tokens
 
     tokens: dict[tuple[int, ...], int] = {}
     for p in parts:
@@ -126,7 +126,7 @@ def generator_gpus(gpus: int, learners_here: int, generators: int, tp: int = 1) 
     (each process its own device, weights over NCCL); otherwise, at ``tp = 1`` only, generator
     ``i`` shares GPU ``(learners_here + i) % gpus`` (a one-GPU check, a small node). NCCL refuses
     two members of one communicator on the same device, so shared placements send weights
-    through host memory (gloo): slower, and what :func:`scale.plan.placement` does not model."""
+    through host memory (gloo): slower, and what :func:`scale.ops.plan.placement` does not model."""
     if gpus < 1:
         raise ValueError(f"no GPU to place {generators} generator(s) on")
     procs = generators * tp
@@ -231,7 +231,7 @@ class GeneratorPool:
         cmd = [
             sys.executable,
             "-m",
-            "scale.generator",
+            "scale.generator.role",
             "--run-dir",
             str(out),
             "--addr",
@@ -257,7 +257,7 @@ class GeneratorPool:
             ids = visible.split(",") if visible else [str(g) for g in range(torch.cuda.device_count())]
             mine = self.gpus[i * self.tp : (i + 1) * self.tp] if self.tp > 1 else [self.gpus[i]]
             env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[g] for g in mine)
-        root = Path(__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parents[2]
         env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         return subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
@@ -466,7 +466,7 @@ def _die_with_parent() -> None:
 
 
 def weights_header(lm: torch.nn.Module, dtype: torch.dtype) -> list[tuple[str, list[int], str]]:
-    """Name, full shape and engine dtype of each tensor :func:`scale.sync.stream_weights`
+    """Name, full shape and engine dtype of each tensor :func:`scale.learner.sync.stream_weights`
     yields, in its order."""
     return [(n, list(t.shape), str(dtype).removeprefix("torch.")) for n, t in lm.state_dict().items()]
 

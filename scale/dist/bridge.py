@@ -14,7 +14,7 @@ process, so that no two threads ever queue operations on one group:
 * ``batches`` (the same members, gloo): each generator's first process sends its share of a
   batch to the learner's rank 0, point to point;
 * ``generators`` (the generator processes only, gloo): dynamic sampling's per-round reports
-  (:class:`scale.rollout.GlobalDynamicSampler`), so that every generator takes the same
+  (:class:`scale.generator.rollout.GlobalDynamicSampler`), so that every generator takes the same
   global decisions.
 
 Only tensors travel over the weights group, each on the group's device (NCCL refuses a host
@@ -68,7 +68,7 @@ class Group:
         """Wait on the host until ``key`` is in the store, however long that takes, and return
         its value. A wait across the learner/generator boundary lasts a generation round or a
         training step, which can be longer than any collective timeout: it is done here,
-        never inside a collective. Long waits are reported (:func:`scale.topology.waiting_for`);
+        never inside a collective. Long waits are reported (:func:`scale.dist.topology.waiting_for`);
         ``alive()`` raises if the other side has died (polled about once a second)."""
         poll(lambda: self.kv.check([key]), what, alive)
         return bytes(self.kv.get(key))
@@ -178,7 +178,7 @@ def digest(named: list[tuple[str, torch.Tensor]]) -> str:
 
 
 class PickledComm:
-    """:class:`scale.topology.Comm`'s ``all_gather`` over a :class:`Group` (the generators'
+    """:class:`scale.dist.topology.Comm`'s ``all_gather`` over a :class:`Group` (the generators'
     dynamic sampling). The sampler's ``exchange`` is not used across processes here: the
     generators send their kept groups to the learner instead."""
 

@@ -489,8 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from dapo.cliargs import UsageError
 
+    from ..config import load_for_cli
     from . import fit
-    from .config import load_for_cli
 
     cfg = load_for_cli("dapo plan", args.config, args.overrides)
     if cfg is None:

@@ -91,7 +91,7 @@ def make_accelerator(cfg: Any) -> Any:
     loaded node), then its collectives bounded by ``train.dist_timeout_s``
     (``$DAPO_DIST_TIMEOUT_S`` overrides; :func:`bound_collectives`); accelerate's bf16 autocast
     unless FSDP2 shards over several processes (it then casts through its own mixed-precision
-    policy, :mod:`scale.sharding`; one process has nothing to shard and runs unwrapped)."""
+    policy, :mod:`scale.learner.sharding`; one process has nothing to shard and runs unwrapped)."""
     import torch
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs

@@ -7,7 +7,7 @@ tensors of the current bucket (at most ``bucket_bytes``, or one tensor when a si
 is larger), and drops them before gathering the next bucket. Every rank walks the same
 names in the same order, so the all-gathers pair up. The engine consumes the stream (one
 ``reload_weights`` call over the generator in vLLM >= 0.32, or one ``load_weights`` call
-per bucket on older vLLM; see :mod:`scale.engines.vllm_engine`).
+per bucket on older vLLM; see :mod:`scale.generator.engines.vllm_engine`).
 
 The tied output layer is sent as ``lm_head.weight`` as well (vLLM's reload would otherwise
 keep a stale output layer): a module's state dict names a tied parameter under both of its

@@ -120,7 +120,7 @@ def build_parser():  # type: ignore[no-untyped-def]
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .config import load_for_cli
+    from ..config import load_for_cli
 
     cfg = load_for_cli("dapo stage", args.config, args.overrides)
     if cfg is None:

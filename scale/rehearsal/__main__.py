@@ -1,0 +1,7 @@
+"""``python -m scale.rehearsal``: the CPU rehearsal (:mod:`scale.rehearsal.run`)."""
+
+import sys
+
+from .run import main
+
+sys.exit(main())
