@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
+
+from .batch import RolloutBatch
 
 
 def token_budget_bins(tokens: Sequence[int] | Tensor, budget: int) -> list[list[int]]:
@@ -57,4 +60,11 @@ def equalize(bins: Sequence[Sequence[int]], count: int) -> list[list[int]]:
     return [list(b) for b in bins] + [[] for _ in range(count - len(bins))]
 
 
-__all__: Sequence[str] = ["equalize", "token_budget_bins"]
+def row_tokens(batch: RolloutBatch) -> Tensor:
+    """Tokens each row costs a padding-free forward: prompt + response, 0 for a row with no
+    response token (a packed forward leaves it out)."""
+    plen = batch.extras["prompt_len"].to(batch.lengths.device).long()
+    return torch.where(batch.lengths > 0, plen + batch.lengths.long(), torch.zeros_like(plen)).cpu()
+
+
+__all__: Sequence[str] = ["equalize", "row_tokens", "token_budget_bins"]

@@ -8,6 +8,7 @@ parsed as YAML.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import typing
@@ -629,3 +630,17 @@ def load_for_cli(prog: str, name_or_path: str, overrides: list[str] | None = Non
     except ConfigError as err:
         print(f"{prog}: invalid config: {err}", file=sys.stderr)
         return None
+
+
+def config_arguments(p: argparse.ArgumentParser) -> None:
+    """``--config`` and the ``section.field=value`` overrides (the config is checked by
+    :func:`load_for_cli` before any work)."""
+    from dapo.cliargs import Text
+
+    p.add_argument(
+        "--config",
+        type=Text(),
+        required=True,
+        help=f"a YAML file or a bundled preset: {', '.join(presets())}",
+    )
+    p.add_argument("overrides", type=Text(), nargs="*", help="section.field=value (value parsed as YAML)")

@@ -51,6 +51,7 @@ from dapo.sampling import SamplingWarning
 
 from .config import RunConfig
 from .dist import bridge, heartbeat, topology
+from .dist.hub import CONFIG_FILES, MODEL_FILES, is_hub_id
 from .dist.topology import Comm, Ranks, all_max, barrier, make_accelerator, start_wait_reports, waiting_for
 from .generator.data import DataError, ProblemSet, PromptStream, contamination, prepare_problems
 from .generator.engines import make_engine
@@ -62,7 +63,6 @@ from .learner.policy import Policy
 from .learner.role import Learner
 from .learner.sharding import dtype
 from .learner.sync import MIB, SyncStats, stream_weights, sync
-from .ops.stage import CONFIG_FILES, MODEL_FILES, is_hub_id
 from .placement.disaggregated import GeneratorPool, in_flight_to_continue, replan, weights_header
 
 
@@ -393,7 +393,7 @@ class Trainer:
             )
 
         # local rank 0 first when there is a cache to fill or a hub to read (the node's other
-        # ranks then read the cache, or the hub cache offline: scale.ops.stage.hub_environment)
+        # ranks then read the cache, or the hub cache offline: scale.dist.hub.hub_environment)
         ordered = d.cache_dir is not None or is_hub_id(spec)
         first = self.acc.is_local_main_process or not ordered
         ps, failure = None, None

@@ -6,7 +6,8 @@ from scale_support import need
 need("yaml")
 
 from scale.config import load  # noqa: E402
-from scale.ops.plan import KNOWN, Arch, Cluster, GiB, Strategy, arch_for, plan  # noqa: E402
+from scale.ops.fit import KNOWN, Arch, arch_for  # noqa: E402
+from scale.ops.plan import Cluster, GiB, Strategy, plan  # noqa: E402
 
 
 def test_parameter_counts_match_the_published_sizes():

@@ -12,7 +12,7 @@ from scale_support import need
 
 from dapo import cli
 from scale.config import load
-from scale.ops.stage import OFFLINE_ENV, hub_environment, is_hub_id
+from scale.dist.hub import OFFLINE_ENV, hub_environment, is_hub_id
 
 
 def test_hub_ids_and_local_paths(tmp_path):

@@ -33,40 +33,13 @@ from torch import Tensor
 from dapo import losses as dl
 from dapo.loss import policy_loss, window_denominator
 
+from .loss_spec import CLIP_AGG, DAPO_KNOBS, Loss, LossSpecError, seeded_by_batch
+
 KNOBS = ("eps_low", "eps_high", "clip_ratio_c", "loss_agg")
 """The :class:`~dapo.AlgoConfig` knobs a policy loss receives (``loss_agg`` arrives as
 ``agg``)."""
 
 FAILURE_MODES = ("entropy_collapse", "zero_gradient", "length_bias", "truncation_noise")
-
-DAPO_KNOBS: dict[str, Any] = {
-    "eps_low": 0.2,
-    "eps_high": 0.28,
-    "clip_ratio_c": None,
-    "loss_agg": "token-mean",
-}
-
-
-class LossSpecError(ValueError):
-    """A loss spec that does not name a usable loss (one line, for the CLI)."""
-
-
-@dataclass(frozen=True)
-class Loss:
-    """A resolved loss spec."""
-
-    spec: str
-    fn: Callable[..., tuple[Tensor, dict[str, Tensor]]]
-    """Called as the batched engine calls :func:`dapo.loss.policy_loss` (leading run dims)."""
-    knobs: dict[str, Any]
-    """The loss's recipe: values of :data:`KNOBS` it is meant to run with."""
-    honours: tuple[str, ...]
-    """Knobs it says it acts on; the knob probe flags each one it ignores."""
-    claims: tuple[str, ...]
-    """Failure modes (of :data:`FAILURE_MODES`) it claims to protect against."""
-    source: str
-    """Where the loss and its claims come from."""
-    params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,8 +52,6 @@ class _Entry:
     batched: bool = True
     params: dict[str, Any] = field(default_factory=dict)
 
-
-CLIP_AGG = ("eps_low", "eps_high", "loss_agg")
 
 BUILTIN: dict[str, _Entry] = {
     "dapo": _Entry(
@@ -164,24 +135,6 @@ def _value(text: str) -> Any:
             raise LossSpecError(f"loss parameter value {text!r} is not finite")
         return v
     return {"true": True, "false": False, "none": None}.get(text.lower(), text)
-
-
-def seeded_by_batch(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``fn`` with the global torch RNG seeded from its inputs (and restored after).
-
-    Clip-Cov draws its tokens with ``torch.randperm`` on the global RNG (verl does too); a
-    seed taken from the batch makes a toy run reproducible and independent of which runs
-    share its process."""
-
-    @functools.wraps(fn)
-    def seeded(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, **kw: Any) -> Any:
-        key = float((old_logp.detach().double() * mask).sum()) + 7.0 * float(mask.sum())
-        seed = int(abs(key) * 1e6) % (2**31 - 1)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            return fn(logp, old_logp, advantages, mask, **kw)
-
-    return seeded
 
 
 def _builtin(name: str, params: dict[str, Any], spec: str) -> Loss:

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from dapo.losses import per_run
 
-from .losses import CLIP_AGG, DAPO_KNOBS, Loss, LossSpecError, seeded_by_batch
+from .loss_spec import CLIP_AGG, DAPO_KNOBS, Loss, LossSpecError, seeded_by_batch
 
 NO_DUAL_CLIP = 1e9
 """verl's ``clip_ratio_c`` for a run without a dual clip (verl asserts it is > 1)."""

@@ -37,6 +37,7 @@ import torch
 from dapo import RolloutBatch
 from dapo.config import AlgoConfig
 from dapo.metrics import rollout_metrics
+from dapo.microbatch import row_tokens
 from dapo.sampling import (
     SamplingWarning,
     balance_groups,
@@ -48,7 +49,6 @@ from dapo.sampling import (
 
 from ..dist.bridge import dump, load
 from ..dist.topology import Comm, Ranks
-from ..learner.policy import row_tokens
 
 
 class RolloutDivergence(RuntimeError):

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from dapo.batch import RolloutBatch
 from dapo.logprobs import chunked_logprobs
-from dapo.microbatch import equalize, token_budget_bins
+from dapo.microbatch import equalize, row_tokens, token_budget_bins
 
 
 def pack(
@@ -184,13 +184,6 @@ def response_logp(
         logp = torch.nn.functional.pad(logp, (0, t_all - t))
         ent = torch.nn.functional.pad(ent, (0, t_all - t))
     return logp, ent
-
-
-def row_tokens(batch: RolloutBatch) -> Tensor:
-    """Tokens each row costs a padding-free forward: prompt + response, 0 for a row with no
-    response token (:func:`pack_flat` leaves it out)."""
-    plen = batch.extras["prompt_len"].to(batch.lengths.device).long()
-    return torch.where(batch.lengths > 0, plen + batch.lengths.long(), torch.zeros_like(plen)).cpu()
 
 
 def token_budget_splitter(

@@ -11,21 +11,8 @@ from typing import Any
 
 from dapo.cliargs import Float, Int, OutFile, Parser, Text, UsageError
 
+from ..config import config_arguments
 from .fit import GPUS
-
-
-def config_arguments(p: argparse.ArgumentParser) -> None:
-    """``--config`` and the ``section.field=value`` overrides (the config is checked by
-    :func:`scale.config.load_for_cli` before any work)."""
-    from ..config import presets
-
-    p.add_argument(
-        "--config",
-        type=Text(),
-        required=True,
-        help=f"a YAML file or a bundled preset: {', '.join(presets())}",
-    )
-    p.add_argument("overrides", type=Text(), nargs="*", help="section.field=value (value parsed as YAML)")
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -75,7 +62,7 @@ def _engine_does_not_fit(cfg, gpu) -> bool:  # type: ignore[no-untyped-def]
         return False
     try:
         lines = problems(cfg, gpu)
-    except ValueError:  # an architecture this machine cannot read (a hub id not in scale.ops.plan.KNOWN)
+    except ValueError:  # an architecture this machine cannot read (a hub id not in scale.ops.fit.KNOWN)
         return False
     for line in lines:
         print(f"dapo train: does not fit: {line}", file=sys.stderr)
@@ -108,7 +95,7 @@ def train_main(argv: list[str] | None = None) -> int:
     cfg = load_for_cli("dapo train", args.config, args.overrides)
     if cfg is None:
         return 2
-    from .stage import hub_environment
+    from ..dist.hub import hub_environment
 
     # one process per node reads the hub: the node's other ranks run offline (before any hub
     # library loads) and read what local rank 0 fetched

@@ -146,7 +146,7 @@ def slurm_script(
 def build_parser() -> argparse.ArgumentParser:
     from dapo.cliargs import InDir, Int, OutFile, Parser, Text
 
-    from .cli import config_arguments
+    from ..config import config_arguments
 
     ap = Parser(prog="dapo launch", description="Generate a multi-node launch for dapo train.")
     config_arguments(ap)

@@ -28,67 +28,10 @@ import json
 import math
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
+
+from .fit import arch_for
 
 GiB = 1024**3
-
-
-@dataclass(frozen=True)
-class Arch:
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    tied: bool
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    def layer_params(self) -> int:
-        h, kv = self.hidden, self.kv_heads * self.head_dim
-        attn = h * h + h + 2 * (h * kv + kv) + h * h  # q (bias), k, v (bias), o
-        mlp = 3 * h * self.intermediate
-        return attn + mlp + 2 * h
-
-    def params(self) -> int:
-        emb = self.vocab * self.hidden
-        return emb * (1 if self.tied else 2) + self.layers * self.layer_params() + self.hidden
-
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
-
-
-# Qwen2.5 base models (their config.json)
-KNOWN: dict[str, Arch] = {
-    "Qwen/Qwen2.5-0.5B": Arch(896, 24, 14, 2, 4864, 151936, True),
-    "Qwen/Qwen2.5-1.5B": Arch(1536, 28, 12, 2, 8960, 151936, True),
-    "Qwen/Qwen2.5-3B": Arch(2048, 36, 16, 2, 11008, 151936, True),
-    "Qwen/Qwen2.5-7B": Arch(3584, 28, 28, 4, 18944, 152064, False),
-    "Qwen/Qwen2.5-14B": Arch(5120, 48, 40, 8, 13824, 152064, False),
-    "Qwen/Qwen2.5-32B": Arch(5120, 64, 40, 8, 27648, 152064, False),
-    "Qwen/Qwen2.5-72B": Arch(8192, 80, 64, 8, 29568, 152064, False),
-}
-
-
-def arch_for(path: str) -> Arch:
-    if path in KNOWN:
-        return KNOWN[path]
-    cfg_file = Path(path) / "config.json"
-    if cfg_file.is_file():
-        c = json.loads(cfg_file.read_text())
-        return Arch(
-            c["hidden_size"],
-            c["num_hidden_layers"],
-            c["num_attention_heads"],
-            c.get("num_key_value_heads", c["num_attention_heads"]),
-            c["intermediate_size"],
-            c["vocab_size"],
-            bool(c.get("tie_word_embeddings", False)),
-        )
-    raise ValueError(f"unknown model {path!r}: use one of {sorted(KNOWN)} or a directory with config.json")
 
 
 @dataclass(frozen=True)
@@ -403,7 +346,7 @@ def format_storage(storage: dict, cfg) -> str:
 def build_parser() -> argparse.ArgumentParser:
     from dapo.cliargs import Float, Int, Parser
 
-    from .cli import config_arguments
+    from ..config import config_arguments
     from .fit import GPUS
 
     GPU_NAMES = list(GPUS)

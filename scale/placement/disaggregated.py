@@ -96,10 +96,10 @@ def replan(parts: list[dict[str, Any]], learners: int, group_size: int) -> list[
     """A held batch's split over ``learners`` ranks, made again as its generators make it
     (:meth:`scale.generator.rollout.GlobalDynamicSampler.kept`: groups in canonical key order, balanced
     by their prompt + response tokens), for a resume on another number of learner ranks."""
+    from dapo.microbatch import row_tokens
     from dapo.sampling import balance_groups
 
     from ..generator.rollout import from_state
-    from ..learner.policy import row_tokens
 
     tokens: dict[tuple[int, ...], int] = {}
     for p in parts:
