@@ -308,7 +308,7 @@ def test_the_learner_does_not_wait_for_a_batch_that_cannot_arrive():
 def test_a_generator_does_not_wait_for_a_version_that_cannot_arrive():
     """Versions arrive in increasing order: once a newer one is in, or every one due has come,
     a generator waiting for a version that is not there stops with one line."""
-    from scale.generator.role import _Versions
+    from scale.placement.generator_process import _Versions
 
     v = _Versions()
     v.put(3, [("w", torch.zeros(1))])

@@ -429,7 +429,7 @@ def _generator_pids(run_dir):
         except OSError:
             continue
         args = [a.decode(errors="replace") for a in argv]
-        if "scale.generator.role" in args and str(run_dir) in args:
+        if "scale.placement.generator_process" in args and str(run_dir) in args:
             found[int(args[args.index("--index") + 1])] = int(entry.name)
     return found
 

@@ -1,7 +1,7 @@
 """The learner's side of a disaggregated run: its generator processes, as one pool.
 
 On the learner's rank 0, :class:`GeneratorPool` starts ``rollout.generators`` processes
-(:func:`scale.generator.role.main`), hosts the bridge's store (:mod:`scale.dist.bridge`), tells each
+(:func:`scale.placement.generator_process.main`), hosts the bridge's store (:mod:`scale.dist.bridge`), tells each
 generator where to start (first and last batch, the prompt stream's position, k), receives
 their batches in a thread that does nothing else, and publishes each policy version the
 generators will need. Every learner rank calls :meth:`publish` (under FSDP2 each takes part in
@@ -25,7 +25,7 @@ learner ranks are split again (:func:`replan`).
 
 No wait is without an end: the learner waits for a batch only while every version it needs
 has been published or is about to be (:meth:`GeneratorPool.wait_for`), and a generator waits
-for a version only while the versions arriving have not passed it (:mod:`scale.generator.role`).
+for a version only while the versions arriving have not passed it (:mod:`scale.placement.generator_process`).
 Waits across the boundary (a generation round, a training step, an engine starting) are on
 the host, polling a store key (:mod:`scale.dist.bridge`), so none is cut short by
 ``train.dist_timeout_s``; a generator that dies is noticed at the next poll.
@@ -36,6 +36,8 @@ and its log (:class:`scale.generator.engines.EngineError`, exit status 4 of ``da
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import socket
 import subprocess
@@ -48,11 +50,16 @@ from typing import Any
 
 import torch
 
+from dapo import RolloutBatch
 from dapo.pipeline import behaviour_version, versions_needed
 
 from ..config import RunConfig
 from ..dist import bridge, topology
 from ..generator.engines import EngineError
+from ..generator.rollout import batch_state, from_state
+from ..learner.sharding import dtype
+from ..learner.sync import MIB, SyncStats, stream_weights
+from ..records import trim_jsonl
 
 
 class StalenessError(RuntimeError):
@@ -231,7 +238,7 @@ class GeneratorPool:
         cmd = [
             sys.executable,
             "-m",
-            "scale.generator.role",
+            "scale.placement.generator_process",
             "--run-dir",
             str(out),
             "--addr",
@@ -481,3 +488,246 @@ __all__ = [
     "replan",
     "weights_header",
 ]
+
+
+def continue_in_flight(
+    cfg: RunConfig,
+    path: Path,
+    state: dict[str, Any],
+    zero: dict[str, Any],
+    *,
+    step: int,
+    stream: Any,
+    rank: int,
+    world: int,
+    log: Any,
+) -> dict[int, list[dict[str, Any]]]:
+    """The batches a disaggregated checkpoint held (sampled for the steps after it): kept
+    where this run may train them (returned, on rank 0), else dropped with the prompt stream
+    put back where they began, so that their prompts are drawn again (nothing skipped).
+    Colocated runs generate each batch with the current weights and keep none; a smaller k
+    keeps those still within it (:func:`in_flight_to_continue`); another number of learner
+    ranks splits them again (:func:`replan`)."""
+    held = {int(b): msgs for b, msgs in zero.get("in_flight", {}).items()}
+    if not held:
+        return {}
+    written = state.get("config", {}).get("rollout", {})
+    k = cfg.rollout.max_staleness if cfg.disaggregated else -1
+    kept, dropped = in_flight_to_continue(held, step, k) if k >= 0 else ({}, sorted(held))
+    if dropped:
+        if kept:
+            stream.load_state_dict(kept[max(kept)][-1]["stream"])
+        elif "stream_at_step" in zero:
+            stream.load_state_dict(zero["stream_at_step"])
+        else:
+            from ..learner.checkpoint import ResumeError
+
+            raise ResumeError(
+                f"--resume: {path} holds batches {sorted(held)} in flight but not the prompt "
+                "stream's position before them (an older checkpoint); resume it with "
+                f"rollout.mode={written.get('mode', 'disaggregated')} "
+                f"rollout.max_staleness={written.get('max_staleness', 0)}"
+            )
+        if rank == 0:
+            why = (
+                "rollout.mode=colocated generates each batch with the current weights"
+                if k < 0
+                else f"their tokens are older than rollout.max_staleness={k} allows"
+            )
+            log(
+                f"{path}: batch(es) {dropped} held in flight are sampled again ({why}); "
+                "their prompts are drawn again from the same place of the prompt stream"
+            )
+    if rank != 0:
+        return {}
+    for msgs in kept.values():
+        if len(msgs[0]["plan"]) != world:
+            msgs[0]["plan"] = replan(msgs, world, cfg.algo.group_size)
+    return kept  # the other ranks learn their count where the pool starts
+
+
+class Disaggregated:
+    """The disaggregated placement, on every learner rank: the generator processes as one
+    pool (:class:`GeneratorPool`, started by :meth:`start`), batch ``s`` sampled by policy
+    version ``max(0, s - 1 - rollout.max_staleness)`` while the learners train the steps
+    before it; rank 0 receives each batch, checks its staleness and sends each rank its share
+    (:meth:`collect`); after each step every rank takes part in publishing the new version
+    (:meth:`publish`). Its part of a checkpoint: the batches in flight (:meth:`rank_state`).
+
+    The same calls as :class:`scale.placement.colocated.Colocated`."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        *,
+        acc: Any,
+        comm: Any,
+        learner: Any,
+        prompts: Any,
+        trace: Any,
+        held: dict[int, list[dict[str, Any]]],
+        log: Any,
+    ):
+        self.cfg, self.acc, self.comm, self.learner, self.trace, self.log = (
+            cfg,
+            acc,
+            comm,
+            learner,
+            trace,
+            log,
+        )
+        self.rank, self.world = acc.process_index, acc.num_processes
+        self.out = Path(cfg.output.dir)
+        self.stream, self.context_len = prompts.stream, prompts.context_len
+        self.held = held
+        """Rank 0: batches generated ahead of the step (in flight), a resumed checkpoint's first."""
+        self.pool: GeneratorPool | None = None
+
+    def start(self, step: int, end: int) -> None:
+        """Generator processes for the batches up to step ``end`` and the k after it (in flight
+        at the checkpoint of step ``end``), starting after the batches held."""
+        c = self.cfg
+        k = c.rollout.max_staleness
+        last = min(end + k, c.train.steps)
+        if self.pool is not None:
+            if self.pool.last >= last:
+                return
+            self.pool.close()
+            if self.rank == 0:
+                self.held.update(self.pool.received)
+        first = step + 1 + topology.all_max(len(self.held), self.acc.device)
+        if self.rank == 0 and self.pool is None:  # a resumed run's traces: drop what runs again
+            for path in (self.out / "trace").glob("generator*.jsonl"):
+                trim_jsonl(path, first - 1)
+            trim_jsonl(self.out / "trace" / "weights.jsonl", step - 1)
+        self.pool = GeneratorPool(
+            c,
+            rank=self.rank,
+            learners=self.world,
+            first=first,
+            last=last,
+            stream_state=self.stream.state_dict()
+            if not self.held
+            else self.held[max(self.held)][-1]["stream"],
+            max_model_len=self.context_len,
+            floor=step,  # no older version exists here (a resumed run's checkpoint step)
+            log=self.log,
+        )
+        if self.rank == 0:
+            self.pool.restore(self.held)
+        self.held = {}
+        self.publish(step)
+
+    def publish(self, version: int) -> dict[str, float]:
+        """Send policy ``version`` to the generators if a batch needs it."""
+        assert self.pool is not None
+        r = self.cfg.rollout
+        dt = dtype(r.dtype)
+        stats = SyncStats()
+        t0 = time.perf_counter()
+        sent_tensors: list[tuple[str, torch.Tensor]] = []
+        traced = self.cfg.output.trace_rollouts and self.rank == 0
+
+        def named() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, t in stream_weights(
+                self.learner.lm,
+                dtype=dt,
+                device=self.acc.device,
+                bucket_bytes=int(r.sync_bucket_mb * MIB),
+                stats=stats,
+            ):
+                if traced:
+                    sent_tensors.append((name, t.cpu()))
+                yield name, t
+
+        sent = self.pool.publish(version, named, weights_header(self.learner.lm, dt))
+        stats.seconds = time.perf_counter() - t0
+        if sent and traced:  # what the generators must report having loaded
+            path = self.out / "trace" / "weights.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                f.write(
+                    json.dumps({"step": version, "version": version, "weights": bridge.digest(sent_tensors)})
+                    + "\n"
+                )
+        return stats.metrics() if sent else {}
+
+    def collect(self, step_done: int) -> tuple[RolloutBatch | None, dict[str, float]]:
+        """Rank 0 takes batch ``step_done + 1`` from the generators (its staleness checked),
+        splits it as their plan says and sends each learner rank its share."""
+        assert self.pool is not None
+        step = step_done + 1
+        outgoing: dict[int, bytes] = {}
+        m: dict[str, float] = {}
+        taken = f"pool{self.pool.serial}/taken/{step}"
+        if self.rank != 0:  # rank 0 may wait a generation round: wait on the host, not in the all-gather
+            topology.wait_announced(taken, f"rank 0 to take batch {step} from the generators")
+        if self.rank == 0:
+            msgs, idle = self.pool.take(step)
+            topology.announce(taken)
+            self.stream.load_state_dict(msgs[-1]["stream"])
+            m = dict(msgs[0]["metrics"])
+            for line in msgs[0].get("warnings", []):
+                self.log(f"step {step}: {line}")
+            g = self.cfg.algo.group_size
+            rows: dict[tuple[int, ...], tuple[RolloutBatch, int]] = {}
+            ages = []
+            for msg in msgs:
+                if msg["groups"] is None:
+                    continue
+                b = from_state(msg["groups"])
+                ages.append((step - 1) - b.extras["version"][b.mask].long())
+                for j, key in enumerate(msg["keys"]):
+                    rows[tuple(key)] = (b, j)
+            for dst, keys in enumerate(msgs[0]["plan"]):
+                parts = [
+                    rows[tuple(k)][0].select(
+                        torch.arange(rows[tuple(k)][1] * g, (rows[tuple(k)][1] + 1) * g), group_size=g
+                    )
+                    for k in keys
+                ]
+                if parts:
+                    outgoing[dst] = bridge.dump(batch_state(RolloutBatch.concat(parts)))
+            age = torch.cat(ages) if ages else torch.zeros(0, dtype=torch.long)
+            m["async/staleness_mean"] = float(age.float().mean()) if age.numel() else math.nan
+            m["async/staleness_max"] = float(age.max()) if age.numel() else math.nan
+            m["async/trainer_idle_s"] = idle
+            m["async/generator_idle_s"] = max(float(x["idle_s"]) for x in msgs)
+            m["async/tokens_in_flight"] = float(self.pool.tokens_in_flight())
+            m["time/generate_s"] = max(float(x["generate_s"]) for x in msgs)
+        sizes = self.comm.all_gather(
+            {dst: len(b) for dst, b in outgoing.items()}, f"the batch layout of step {step}"
+        )
+        incoming = {0: sizes[0][self.rank]} if self.rank in sizes[0] else {}
+        got = self.comm.exchange(outgoing, incoming, f"this rank's share of batch {step}")
+        batch = from_state(bridge.load(got[0])) if got else None
+        if self.cfg.output.trace_rollouts:
+            self.trace.share(batch)
+        return batch, m
+
+    def before_update(self) -> None:
+        """The learners hold no engine."""
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """None here (``eval.every`` must be 0: the generators hold older versions)."""
+        return {}
+
+    def rank_state(self, step: int, state: dict[str, Any]) -> dict[str, Any]:
+        """Rank 0 also keeps the batches in flight (sampled for the k steps after ``step`` by
+        versions the checkpoint no longer holds) and the stream's position after them, where
+        the generators continue."""
+        held_key = f"pool{self.pool.serial}/held/{step}" if self.pool is not None else ""
+        if self.pool is not None and self.rank != 0:  # rank 0 waits for k batches: on the host here
+            topology.wait_announced(held_key, f"rank 0 to receive the batches in flight after step {step}")
+        if self.pool is not None and self.rank == 0:
+            held = self.pool.in_flight(step)
+            topology.announce(held_key)
+            state["in_flight"] = held
+            state["stream_at_step"] = state["stream"]  # before the held batches' prompts
+            if held:
+                state["stream"] = held[max(held)][-1]["stream"]
+        return state
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()

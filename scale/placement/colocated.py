@@ -1,0 +1,125 @@
+"""The colocated placement: both roles on every rank. Each step the generator's rounds run on
+the rank's engine, the engine sleeps while the learner trains, and the new weights are synced
+into it in place (:mod:`scale.learner.sync`); periodic evaluation uses the same engine.
+
+:class:`Colocated` offers the loop (:class:`scale.trainer.Trainer`) the placement's calls:
+start, collect, before_update, publish, evaluate, rank_state, close."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any
+
+from dapo import RolloutBatch
+from dapo.sampling import SamplingWarning
+
+from ..config import RunConfig
+from ..dist.topology import Comm, Ranks
+from ..generator.engines import make_engine
+from ..generator.prompts import Prompts
+from ..generator.role import Generator
+from ..learner.role import Learner
+from ..learner.sharding import dtype
+from ..learner.sync import SyncStats, sync
+from ..records import Trace
+
+
+class Colocated:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        *,
+        acc: Any,
+        ranks: Ranks,
+        comm: Comm,
+        learner: Learner,
+        prompts: Prompts,
+        trace: Trace,
+        log: Any,
+    ):
+        self.cfg, self.acc, self.learner, self.trace, self.log = cfg, acc, learner, trace, log
+        self.engine = self._make_engine(ranks, prompts)
+        self.gen = Generator(
+            cfg,
+            tokenizer=prompts.tokenizer,
+            prompt_ids=prompts.prompt_ids,
+            stream=prompts.stream,
+            engine=self.engine,
+            ranks=ranks,
+            comm=comm,
+            trace=trace if cfg.output.trace_rollouts else None,
+            selection=prompts.selection,
+        )
+        self.eval_problems = prompts.eval_problems
+        self._sync()
+
+    def _make_engine(self, ranks: Ranks, prompts: Prompts) -> Any:
+        c = self.cfg
+        if c.rollout.engine == "hf":  # generates with the learner's own module: no copy, no sync
+            return make_engine(
+                "hf", model=self.learner.unwrapped.lm, eos_id=prompts.eos_id, pad_id=prompts.pad_id
+            )
+        return make_engine(
+            "vllm",
+            model_path=c.model.path,
+            dtype=c.rollout.dtype,
+            max_model_len=prompts.context_len,
+            gpu_memory_utilization=c.rollout.gpu_memory_utilization,
+            kv_cache_gib=c.rollout.kv_cache_gib,
+            tensor_parallel=c.rollout.tensor_parallel,
+            seed=c.rollout.seed + ranks.dp_rank,
+            sleep_during_training=c.rollout.sleep_during_training,
+            sync_timeout_s=c.rollout.sync_timeout_s,
+            distributed=ranks.world > 1,
+            dummy_weights=True,  # the first sync follows at once
+        )
+
+    def _sync(self) -> SyncStats:
+        """Stream the weights into the engine, one bounded bucket at a time (:mod:`scale.learner.sync`)."""
+        r = self.cfg.rollout
+        return sync(
+            self.engine,
+            self.learner.lm,
+            dtype=dtype(r.dtype),
+            device=self.acc.device,
+            bucket_mb=r.sync_bucket_mb,
+        )
+
+    def start(self, step: int, end: int) -> None:
+        """Nothing to start: every batch is generated with the current weights."""
+
+    def collect(self, step: int) -> tuple[RolloutBatch | None, dict[str, float]]:
+        """Generation rounds until the informative groups of all ranks fill the batch; this
+        rank's balanced share of it."""
+        t0 = time.perf_counter()
+        sampler = self.gen.rounds(step, step)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SamplingWarning)
+            batch = sampler.take()
+        for w in caught:
+            if self.acc.is_main_process:
+                self.log(f"step {step + 1}: {w.message}")
+        if self.cfg.output.trace_rollouts:  # what this rank trains on
+            self.trace.share(batch)
+        m = sampler.metrics()
+        m["time/generate_s"] = time.perf_counter() - t0
+        return batch, m
+
+    def before_update(self) -> None:
+        self.engine.sleep()
+
+    def publish(self, version: int) -> dict[str, float]:
+        """The new weights into the engine, in place."""
+        return self._sync().metrics()
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        return self.gen.evaluate(self.eval_problems, step) if self.eval_problems else {}
+
+    def rank_state(self, step: int, state: dict[str, Any]) -> dict[str, Any]:
+        """Nothing in flight: a colocated checkpoint holds only the roles' state."""
+        return state
+
+    def close(self) -> None:
+        if (shutdown := getattr(self.engine, "shutdown", None)) is not None:
+            shutdown()

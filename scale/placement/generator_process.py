@@ -1,0 +1,296 @@
+"""A generator process of a disaggregated run (``python -m scale.placement.generator_process``,
+started by the learner's rank 0, :class:`scale.placement.disaggregated.GeneratorPool`).
+
+It builds the generator role from the run's config.json (tokenizer, prompt set and stream,
+its own engine), joins the bridge (:mod:`scale.dist.bridge`), and for each batch ``b`` of its
+range takes policy version :func:`dapo.pipeline.behaviour_version` ``(b, k)`` from the versions
+the learner published (received into host memory by a thread that does nothing else), loads
+it into the engine when the batch needs it, generates its slice of every round, decides
+dynamic sampling together with the other generators over their own group, and sends its kept
+groups (and, from generator 0, the learners' plan and the metrics) to the learner's rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dapo.pipeline import behaviour_version, partial_version, versions_needed
+from dapo.sampling import SamplingWarning
+
+from ..config import RunConfig
+from ..dist.topology import Ranks
+from ..generator.data import PromptStream
+from ..generator.role import Generator
+from ..generator.rollout import batch_state
+
+
+class _Versions:
+    """Policy versions received from the learner, kept in host memory until the engine needs
+    them (filled by a thread that does nothing but receive, in increasing order)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.held: dict[int, list[tuple[str, torch.Tensor]]] = {}
+        self.error: BaseException | None = None
+        self.floor = 0
+        """Versions below this were dropped (a generator never goes back)."""
+        self.newest = -1
+        """The newest version received."""
+        self.finished = False
+        """Every version this generator's batches need has been received."""
+
+    def put(self, version: int, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        with self.cond:
+            self.held[version] = tensors
+            self.newest = max(self.newest, version)
+            self.cond.notify_all()
+
+    def finish(self) -> None:
+        with self.cond:
+            self.finished = True
+            self.cond.notify_all()
+
+    def fail(self, err: BaseException) -> None:
+        with self.cond:
+            self.error = err
+            self.cond.notify_all()
+
+    def take(self, version: int) -> list[tuple[str, torch.Tensor]]:
+        """Version ``version``, waiting for it while it can still arrive; older versions are
+        dropped."""
+        with self.cond:
+            if version < self.floor:
+                raise RuntimeError(f"policy version {version} was asked for after version {self.floor}")
+            self.floor = version
+            while version not in self.held:
+                if self.error is not None:
+                    raise RuntimeError(f"receiving policy versions failed: {self.error}") from self.error
+                if self.newest > version or self.finished:
+                    raise RuntimeError(
+                        f"waiting for policy version {version}, which can no longer arrive (the "
+                        f"learner has sent up to version {self.newest}"
+                        f"{' and nothing more is due' if self.finished else ''}); a schedule bug"
+                    )
+                self.cond.wait(1.0)
+            for v in [v for v in self.held if v < version]:
+                del self.held[v]
+            return self.held[version]
+
+
+def _engine(
+    cfg: RunConfig, index: int, max_model_len: int, tokenizer: Any, shm_ident: str | None = None
+) -> Any:
+    from ..generator.engines import make_engine
+
+    r = cfg.rollout
+    if r.engine == "hf":  # its own copy of the model, loaded with each version
+        from transformers import AutoModelForCausalLM
+
+        from ..learner.sharding import dtype
+
+        lm = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype(cfg.model.dtype))
+        return make_engine(
+            "hf", model=lm, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, owns=True
+        )
+    return make_engine(
+        "vllm",
+        model_path=cfg.model.path,
+        dtype=r.dtype,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        kv_cache_gib=r.kv_cache_gib,
+        tensor_parallel=r.tensor_parallel,
+        seed=r.seed + index,
+        sleep_during_training=False,  # a generator never shares its devices with training
+        sync_timeout_s=r.sync_timeout_s,
+        distributed=r.tensor_parallel > 1,  # one engine across the generator's processes
+        dummy_weights=True,  # the learner's version arrives before the first round
+        shm_ident=shm_ident,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One generator process of a disaggregated run (started by the learner's rank 0)."""
+    ap = argparse.ArgumentParser(prog="python -m scale.placement.generator_process")
+    ap.add_argument("--run-dir", required=True, help="the run's output.dir (its config.json)")
+    ap.add_argument("--addr", required=True, help="the bridge's store (the learner's rank 0)")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--index", type=int, required=True, help="this generator, from 0")
+    ap.add_argument("--count", type=int, required=True, help="generators in the run")
+    ap.add_argument(
+        "--tp-rank",
+        type=int,
+        default=0,
+        help="this process within its generator (rollout.tensor_parallel processes, one engine; 0 sends)",
+    )
+    ap.add_argument(
+        "--weights-backend",
+        choices=("gloo", "nccl"),
+        default="gloo",
+        help="how versions arrive (the learner's choice, scale.placement.disaggregated.generator_gpus)",
+    )
+    args = ap.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from ..config import from_dict
+    from ..dist import bridge
+    from ..generator.data import prepare_problems
+
+    cfg = from_dict(json.loads((Path(args.run_dir) / "config.json").read_text()), source="config.json")
+    i, n, j, tp = args.index, args.count, args.tp_rank, cfg.rollout.tensor_parallel
+    g, procs = i * tp + j, n * tp  # this process among every generator process
+    timeout = cfg.train.dist_timeout_s
+    kv = bridge.store(args.addr, args.port, is_master=False, members=procs + 1, timeout_s=timeout)
+    backend = args.weights_backend
+    batches = bridge.group(kv, "batches", g + 1, procs + 1, timeout)
+    peers = bridge.group(kv, "generators", g, procs, timeout)
+    shm_ident = None
+    if tp > 1:  # the generator's processes: a default group of their own for vLLM's external_launcher
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        if torch.cuda.is_available():
+            torch.cuda.set_device(j)
+        dist.init_process_group(
+            "nccl" if torch.cuda.is_available() else "gloo",
+            store=dist.PrefixStore(f"dapo-bridge/generator{i}/", kv),
+            rank=j,
+            world_size=tp,
+            timeout=timedelta(seconds=timeout),
+        )
+        shm_ident = f"dapo-gen{i}-{args.addr.replace('/', '_')}_{args.port}"
+    hello = bridge.load(batches.wait("hello", "the learner's start message"))
+    first, last, k, learners = hello["first"], hello["last"], hello["k"], hello["learners"]
+    floor = hello.get("floor", 0)  # the oldest version the learner can publish (a resume's step)
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    d = cfg.data
+    train = prepare_problems(
+        d.train,
+        split=d.train_split,
+        prompt_key=d.prompt_key,
+        answer_key=d.answer_key,
+        template=d.template,
+        chat_template=d.chat_template,
+        tokenizer=tokenizer,
+        max_prompt_tokens=d.max_prompt_tokens,
+        cache_dir=d.cache_dir,
+        log=lambda _msg: None,
+    )
+    stream = PromptStream(train.problems, seed=d.shuffle_seed)
+    stream.load_state_dict(hello["stream"])
+    versions = _Versions()
+    engine = _engine(cfg, i, hello["max_model_len"], tokenizer, shm_ident)
+    # the weights group only now that the engine exists (scale.placement.disaggregated GeneratorPool._join_weights)
+    batches.post(f"ready/{g}")
+    batches.wait("join", "the learner to send its first policy version")
+    weights = bridge.group(kv, "weights", g + 1, procs + 1, timeout, backend=backend)
+
+    def receive() -> None:
+        try:
+            for v in versions_needed(first, last, k, cfg.rollout.partial, floor):
+                versions.put(v, bridge.recv_weights(weights, v))
+            versions.finish()
+        except BaseException as err:  # the main thread reports it
+            versions.fail(err)
+
+    receiver = threading.Thread(target=receive, name="dapo-generator-weights", daemon=True)
+    receiver.start()
+    trace_path = Path(args.run_dir) / "trace" / f"generator{i}.jsonl"
+    step = [first]
+
+    def trace(**fields: Any) -> None:
+        """``output.trace_rollouts``: per round what this engine was asked for, per batch the
+        version it sampled with and a digest of the weights it had loaded."""
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        with trace_path.open("a") as f:
+            f.write(json.dumps({"step": step[0], "generator": i, **fields}) + "\n")
+
+    gen = Generator(
+        cfg,
+        tokenizer=tokenizer,
+        prompt_ids=dict(zip((p.prompt for p in train.problems), train.prompt_ids or [])),
+        stream=stream,
+        engine=engine,
+        ranks=Ranks(g, procs, tp),
+        comm=bridge.PickledComm(peers),
+        trace=trace if cfg.output.trace_rollouts and j == 0 else None,
+    )
+    loaded = -1
+
+    def switch(b: int) -> Callable[[], int] | None:
+        fresh = partial_version(b, k, floor)
+        if fresh is None:
+            return None
+
+        def load() -> int:
+            nonlocal loaded
+            engine.sync_weights(iter(tensors := versions.take(fresh)))
+            loaded = fresh
+            if cfg.output.trace_rollouts and j == 0:
+                trace(version=fresh, weights=bridge.digest(tensors), partial=True)
+            return fresh
+
+        return load
+
+    for b in range(first, last + 1):
+        v = behaviour_version(b, k, floor)
+        t0 = time.perf_counter()
+        tensors = versions.take(v)
+        idle = time.perf_counter() - t0
+        step[0] = b
+        if loaded != v:
+            engine.sync_weights(iter(tensors))
+            loaded = v
+        if cfg.output.trace_rollouts and j == 0:
+            trace(version=v, weights=bridge.digest(tensors))
+        t1 = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SamplingWarning)
+            sampler = gen.rounds(b - 1, v, switch(b) if cfg.rollout.partial else None)
+            keys, mine, plan = sampler.kept(learners)
+        message: dict[str, Any] = {
+            "batch": b,
+            "version": v,
+            "keys": [list(x) for x in keys],
+            "groups": batch_state(mine),
+            "stream": stream.state_dict(),
+            "idle_s": idle,
+            "generate_s": time.perf_counter() - t1,
+        }
+        if j:  # the leader (tensor-parallel process 0) sends; the others hold the same batch
+            continue
+        if i == 0:
+            message["plan"] = [[list(x) for x in part] for part in plan]
+            message["metrics"] = sampler.metrics()
+            message["warnings"] = [str(w.message) for w in caught]
+        batches.post(f"batch/{b}/{i}")  # the learner receives it as soon as it sees this
+        batches.send(message, bridge.LEARNER, f"the learner to take batch {b}")
+    receiver.join(timeout)
+    if (shutdown := getattr(engine, "shutdown", None)) is not None:
+        shutdown()
+    if tp > 1:
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # vLLM's shutdown may have ended it
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    sys.exit(main())
