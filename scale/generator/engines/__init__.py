@@ -1,4 +1,7 @@
-"""Rollout engines behind one small interface (:class:`scale.generator.engines.base.RolloutEngine`)."""
+"""Rollout engines behind one small interface (:class:`scale.generator.engines.base.RolloutEngine`).
+
+Part of the generator role: may import the core and ``scale.dist`` only.
+"""
 
 from .base import EngineError, Generation, RolloutEngine
 
