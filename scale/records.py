@@ -1,5 +1,6 @@
-"""A run's JSONL records: trimmed on resume (:func:`trim_jsonl`) and the per-rank rollout
-trace (:class:`Trace`, ``output.trace_rollouts``)."""
+"""A run's records: what rank 0 writes when a run starts (:func:`start_records`: the config,
+the contamination report, the trackers), the JSONL logs trimmed on resume (:func:`trim_jsonl`)
+and the per-rank rollout trace (:class:`Trace`, ``output.trace_rollouts``)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,29 @@ class Trace:
             share_groups=batch.num_groups if batch is not None else 0,
             share_tokens=int(batch.mask.sum()) if batch is not None else 0,
         )
+
+
+def tracker_config(config: dict[str, Any]) -> dict[str, int | float | str | bool]:
+    """The run config as trackers take hyper-parameters: flat ``section.field`` keys and scalar
+    values (tensorboard's ``add_hparams`` refuses nested dicts, lists and None)."""
+    flat: dict[str, int | float | str | bool] = {}
+    for section, fields in config.items():
+        for name, value in fields.items() if isinstance(fields, dict) else [("", fields)]:
+            key = f"{section}.{name}" if name else section
+            flat[key] = (
+                value if isinstance(value, (int, float, str, bool)) else json.dumps(value, default=str)
+            )
+    return flat
+
+
+def start_records(cfg: Any, acc: Any, prompts: Any, log: Any) -> None:
+    """Rank 0: the run's config (``config.json``), the train/eval contamination report and the
+    trackers (with the config as hyper-parameters)."""
+    if not acc.is_main_process:
+        return
+    out = Path(cfg.output.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, default=str))
+    prompts.check_contamination(cfg.data.contamination_ngram, out, log)
+    if cfg.output.trackers:
+        acc.init_trackers("dapo", config=tracker_config(cfg.to_dict()))

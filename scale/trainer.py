@@ -47,20 +47,7 @@ from .learner.policy import Policy
 from .learner.role import Learner
 from .placement.colocated import Colocated
 from .placement.disaggregated import Disaggregated, continue_in_flight
-from .records import Trace, trim_jsonl
-
-
-def tracker_config(config: dict[str, Any]) -> dict[str, int | float | str | bool]:
-    """The run config as trackers take hyper-parameters: flat ``section.field`` keys and scalar
-    values (tensorboard's ``add_hparams`` refuses nested dicts, lists and None)."""
-    flat: dict[str, int | float | str | bool] = {}
-    for section, fields in config.items():
-        for name, value in fields.items() if isinstance(fields, dict) else [("", fields)]:
-            key = f"{section}.{name}" if name else section
-            flat[key] = (
-                value if isinstance(value, (int, float, str, bool)) else json.dumps(value, default=str)
-            )
-    return flat
+from .records import Trace, start_records, trim_jsonl
 
 
 def _labelled_barrier(what: str) -> None:
@@ -88,11 +75,11 @@ class Trainer:
         # the generator's inputs first: refuse to start (before allocating a model) if any record is malformed
         self.prompts = Prompts.build(cfg, self.acc, log)
         # which checkpoint to continue from, refused now if it cannot be (before the model loads)
-        resume_from = self._resume_point(resume) if resume else None
+        resume_from = ckpt.resume_point(cfg, self.out, resume, log)
         self.learner = Learner.build(cfg, self.acc, self.prompts.pad_id)
         self.step = 0
         self.totals = {"responses": 0.0, "tokens": 0.0, "optimizer_steps": 0.0, "skipped_steps": 0.0}
-        held = self._resume(*resume_from) if resume_from is not None else self._fresh(resume)
+        held = self._resume(*resume_from) if resume_from is not None else {}
         self.trace = Trace(self.out, self.ranks)
         roles = dict(
             acc=self.acc,
@@ -108,29 +95,11 @@ class Trainer:
             else Colocated(cfg, ranks=self.ranks, **roles)
         )
         self.health = HealthMonitor(cfg.diagnose.every_steps, knobs=from_config(cfg.to_dict()))
-        self._start_records()
-
-    def _fresh(self, resume: str | None) -> dict[int, list[dict[str, Any]]]:
-        """No checkpoint to continue: refused where ``output.dir`` holds a previous run."""
-        if resume:
-            self.log(f"no checkpoint under {self.out}; starting from scratch")
-        elif ckpt.latest(self.out) is not None or (self.out / "metrics.jsonl").is_file():
-            raise FileExistsError(
-                f"{self.out} holds a previous run (checkpoints or metrics.jsonl); continue it "
-                "with --resume auto, or choose another output.dir"
-            )
-        return {}
-
-    def _start_records(self) -> None:
-        """Rank 0: the run's config, the contamination report and the trackers; every rank: the
-        metrics and traces of the steps that will run again dropped (a resumed run)."""
-        if self.acc.is_main_process:
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2, default=str))
-            self.prompts.check_contamination(self.cfg.data.contamination_ngram, self.out, self.log)
-            if self.cfg.output.trackers:
-                self.acc.init_trackers("dapo", config=tracker_config(self.cfg.to_dict()))
-        self.health.extend(self._trim_metrics_log())
+        start_records(cfg, self.acc, self.prompts, log)
+        # a resumed run: the metrics and traces of the steps that will run again dropped
+        self.health.extend(
+            trim_jsonl(self.out / "metrics.jsonl", self.step) if self.acc.is_main_process else []
+        )
         trim_jsonl(self.trace.path, self.step)  # each rank its own trace
 
     def _unwrapped(self) -> Policy:
@@ -189,11 +158,6 @@ class Trainer:
 
     def _metrics_path(self) -> Path:
         return self.out / "metrics.jsonl"
-
-    def _trim_metrics_log(self) -> list[dict[str, float]]:
-        """On resume, drop lines of steps that will run again (nothing duplicated or lost);
-        the rows kept."""
-        return trim_jsonl(self._metrics_path(), self.step) if self.acc.is_main_process else []
 
     def _write_metrics(self, m: dict[str, float]) -> None:
         if not self.acc.is_main_process:
@@ -299,31 +263,6 @@ class Trainer:
         state: dict[str, Any] = {"rng": ckpt.rng_state(), **self.prompts.state_dict()}
         return self.placement.rank_state(self.step, state)
 
-    def _resume_point(self, resume: str) -> tuple[Path, dict[str, Any]] | None:
-        """The checkpoint ``--resume`` names and its trainer state (None: nothing to resume);
-        :class:`scale.learner.checkpoint.ResumeError` if this run cannot continue it."""
-        path = ckpt.latest(self.out) if resume == "auto" else Path(resume)
-        if path is None:
-            return None
-        state = ckpt.load_trainer_state(path)
-        written = state.get("config", {}).get("train", {}).get("sharding", self.cfg.train.sharding)
-        if written != self.cfg.train.sharding:
-            raise ckpt.ResumeError(
-                f"--resume: {path} was written with train.sharding={written} and this run has "
-                f"train.sharding={self.cfg.train.sharding}; resume it with train.sharding={written}"
-            )
-        # a history belongs to its policy (checked here, before the model loads)
-        mine = self.cfg.algo.prompt_selection.partition(":")[0]
-        theirs = str(state.get("config", {}).get("algo", {}).get("prompt_selection", "none")).partition(":")[
-            0
-        ]
-        if mine != "none" and theirs not in ("none", mine):
-            raise ckpt.ResumeError(
-                f"--resume: {path}: the checkpoint's prompt selection is {theirs!r}, this run's {mine!r}; "
-                f"resume it with algo.prompt_selection={theirs}"
-            )
-        return path, state
-
     def _resume(self, path: Path, state: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
         """Continue the checkpoint at ``path``: the learner's state, the RNG, the generator's state;
         the batches in flight that this run keeps (disaggregated, rank 0)."""
@@ -349,7 +288,7 @@ class Trainer:
             world=self.world,
             log=self.log,
         )
-        if self.prompts.selection is not None:  # its policy was checked by _resume_point
+        if self.prompts.selection is not None:  # its policy was checked by resume_point
             if "selection" in mine:
                 self.prompts.selection.load_state_dict(mine["selection"])
             else:

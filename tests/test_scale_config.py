@@ -122,7 +122,7 @@ def test_the_config_reaches_trackers_as_flat_scalars():
     """tensorboard's add_hparams refuses nested dicts, lists and None: the 32B preset's tracker
     crashed the run at start before the config was flattened."""
     from scale.config import load
-    from scale.trainer import tracker_config
+    from scale.records import tracker_config
 
     flat = tracker_config(load("qwen2.5-32b-dapo").to_dict())
     assert flat["train.fsdp_offload"] is True and flat["algo.eps_high"] == 0.28

@@ -170,3 +170,35 @@ def export(path: Path, out: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
     lm.to(dtype).save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(hf).save_pretrained(out)
     return out
+
+
+def resume_point(cfg: Any, out: Path, resume: str | None, log: Any) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint ``--resume`` names and its trainer state (None: nothing to resume, and
+    then :class:`FileExistsError` where ``out`` holds a previous run without ``--resume``);
+    :class:`ResumeError` if this run cannot continue it. Decided before the model loads."""
+    path = (latest(out) if resume == "auto" else Path(resume)) if resume else None
+    if path is None:
+        if resume:
+            log(f"no checkpoint under {out}; starting from scratch")
+        elif latest(out) is not None or (out / "metrics.jsonl").is_file():
+            raise FileExistsError(
+                f"{out} holds a previous run (checkpoints or metrics.jsonl); continue it "
+                "with --resume auto, or choose another output.dir"
+            )
+        return None
+    state = load_trainer_state(path)
+    written = state.get("config", {}).get("train", {}).get("sharding", cfg.train.sharding)
+    if written != cfg.train.sharding:
+        raise ResumeError(
+            f"--resume: {path} was written with train.sharding={written} and this run has "
+            f"train.sharding={cfg.train.sharding}; resume it with train.sharding={written}"
+        )
+    # a history belongs to its policy (checked here, before the model loads)
+    mine = cfg.algo.prompt_selection.partition(":")[0]
+    theirs = str(state.get("config", {}).get("algo", {}).get("prompt_selection", "none")).partition(":")[0]
+    if mine != "none" and theirs not in ("none", mine):
+        raise ResumeError(
+            f"--resume: {path}: the checkpoint's prompt selection is {theirs!r}, this run's {mine!r}; "
+            f"resume it with algo.prompt_selection={theirs}"
+        )
+    return path, state

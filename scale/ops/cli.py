@@ -13,6 +13,7 @@ from dapo.cliargs import Float, Int, OutFile, Parser, Text, UsageError
 
 from ..config import config_arguments
 from .fit import GPUS
+from .tiny import ensure_tiny
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -104,7 +105,7 @@ def train_main(argv: list[str] | None = None) -> int:
         raise UsageError(f"--resume: no such checkpoint directory: {args.resume!r} (or 'auto')")
     _say_staleness(cfg)
     if args.validate_only:
-        _ensure_tiny(cfg, model=False)
+        ensure_tiny(cfg, model=False)
         if args.gpu_type and _engine_does_not_fit(cfg, GPUS[args.gpu_type]):
             return 2
         return _validate_data(cfg)
@@ -145,7 +146,7 @@ def train_main(argv: list[str] | None = None) -> int:
             _clear_previous_run(out)
         new_dir = not out.exists()
         out.mkdir(parents=True, exist_ok=True)
-        _ensure_tiny(cfg)
+        ensure_tiny(cfg)
     from ..dist import heartbeat
     from ..dist.collective_devices import CollectiveDeviceError, checked, compute_device
     from ..dist.topology import CollectiveTimeout, is_collective_failure, preload_collective_modules, shutdown
@@ -272,18 +273,6 @@ def quiet_engines(verbose: bool) -> None:
         hf_logging.disable_progress_bar()  # "Loading weights", "Writing model shards" per checkpoint
     except ImportError:
         pass
-
-
-def _ensure_tiny(cfg, model: bool = True) -> None:
-    """The tiny-cpu preset builds its random model and data on first use."""
-    from .tiny import build_tiny_data, build_tiny_model
-
-    path = Path(cfg.model.path)
-    if model and path.name == "tiny-model" and not path.exists():
-        build_tiny_model(path)
-    data = Path(cfg.data.train)
-    if data.parent.name == "tiny-data" and not data.exists():
-        build_tiny_data(data.parent)
 
 
 def _validate_data(cfg) -> int:

@@ -129,6 +129,16 @@ def build_tiny_data(path: str | Path, n_train: int = 32, n_eval: int = 8, seed: 
     return files[0], files[1]
 
 
+def ensure_tiny(cfg, model: bool = True) -> None:
+    """The tiny-cpu preset builds its random model and data on first use."""
+    path = Path(cfg.model.path)
+    if model and path.name == "tiny-model" and not path.exists():
+        build_tiny_model(path)
+    data = Path(cfg.data.train)
+    if data.parent.name == "tiny-data" and not data.exists():
+        build_tiny_data(data.parent)
+
+
 if __name__ == "__main__":
     import sys
 

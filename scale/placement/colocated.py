@@ -40,6 +40,7 @@ class Colocated:
     ):
         self.cfg, self.acc, self.learner, self.trace, self.log = cfg, acc, learner, trace, log
         self.engine = self._make_engine(ranks, prompts)
+        self._sync()  # the engine starts with dummy weights
         self.gen = Generator(
             cfg,
             tokenizer=prompts.tokenizer,
@@ -52,7 +53,6 @@ class Colocated:
             selection=prompts.selection,
         )
         self.eval_problems = prompts.eval_problems
-        self._sync()
 
     def _make_engine(self, ranks: Ranks, prompts: Prompts) -> Any:
         c = self.cfg
@@ -80,7 +80,7 @@ class Colocated:
         r = self.cfg.rollout
         return sync(
             self.engine,
-            self.learner.lm,
+            self.learner.unwrapped.lm,  # the field, as the hf engine holds it
             dtype=dtype(r.dtype),
             device=self.acc.device,
             bucket_mb=r.sync_bucket_mb,
