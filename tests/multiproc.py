@@ -14,7 +14,7 @@ rank are killed, so a hung collective costs seconds, never CI's hour. When a ran
 fails, the error names its exit status (or signal) and quotes its stderr.
 
 A rank's teardown (:func:`worker`) frees the process group for good and fails with
-exit status 3 if any gloo thread survives it: see ``scale/topology.py`` for why a
+exit status 3 if any gloo thread survives it: see ``scale/dist/topology.py`` for why a
 surviving thread means a SIGABRT at exit some of the time.
 
 Run as a script, this module is the rank entry point of :func:`run_function`.
@@ -188,7 +188,7 @@ def worker(body: Callable[[], None]) -> None:
         print(
             f"multiproc: the process group outlived destroy_process_group(): gloo threads {leaked} are still "
             "running, so something still holds the group (a DDP/FSDP module, an optimizer, accelerate's "
-            "prepared objects: call Accelerator.free_memory()). See scale/topology.py.",
+            "prepared objects: call Accelerator.free_memory()). See scale/dist/topology.py.",
             file=sys.stderr,
         )
         _exit_now(LEAK_STATUS)

@@ -1,4 +1,4 @@
-"""The learner/generator bridge (scale/bridge.py) under NCCL's rules (tests/nccl_double.py), and
+"""The learner/generator bridge (scale/dist/bridge.py) under NCCL's rules (tests/nccl_double.py), and
 its waits across the boundary: on the host, however long, never inside a collective."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The collective-device check (scale/collective_devices.py) and the device-side clip norm."""
+"""The collective-device check (scale/dist/collective_devices.py) and the device-side clip norm."""
 
 import json
 import math

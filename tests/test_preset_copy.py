@@ -1,4 +1,4 @@
-"""The 32B preset's scaled copy (scale/preset_copy.py), which `nox -s rehearsal` trains: it
+"""The 32B preset's scaled copy (scale/rehearsal/preset_copy.py), which `nox -s rehearsal` trains: it
 differs from the preset only where the table says why, so every setting the preset gains is
 rehearsed (or the rehearsal fails until the table names it)."""
 

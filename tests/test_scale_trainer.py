@@ -563,7 +563,7 @@ def test_prompt_selection_resumes_exactly(tiny, tmp_path):
     many and why); a run stopped after step 2 and resumed logs the uninterrupted run's metrics,
     selection included (the history is in the checkpoint); another policy cannot continue it.
     On several processes (every rank the same history at every checkpoint, resumed on fewer and
-    on more processes): the rehearsal's main runs (scale/rehearsal.py, in CI)."""
+    on more processes): the rehearsal's main runs (scale/rehearsal/run.py, in CI)."""
     one, cut = tmp_path / "one", tmp_path / "cut"
     base = ["train", "--config", "tiny-cpu"]
     r = run_cli(base + overrides(tiny, one, *SELECTION))

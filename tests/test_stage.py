@@ -1,4 +1,4 @@
-"""dapo stage and dapo launch --staged (scale/stage.py): the model and data fetched once, the
+"""dapo stage and dapo launch --staged (scale/ops/stage.py): the model and data fetched once, the
 run pointed at them with the hub offline; without staging, one process per node reads the
 hub. The hub itself cannot be reached here: its two calls (snapshot_download,
 datasets.load_dataset) are replaced by local copies of what they return."""

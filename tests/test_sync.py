@@ -1,4 +1,4 @@
-"""The streaming weight sync (scale/sync.py) and the vLLM engine's two load paths, on one
+"""The streaming weight sync (scale/learner/sync.py) and the vLLM engine's two load paths, on one
 process. The multi-process FSDP2 sync is exercised by `nox -s rehearsal`."""
 
 import importlib.util

@@ -208,7 +208,7 @@ def train_main(argv: list[str] | None = None) -> int:
     trainer.close()
     del trainer
     leaked = shutdown()
-    if leaked:  # such a process can end in a SIGABRT at interpreter exit (scale/topology.py)
+    if leaked:  # such a process can end in a SIGABRT at interpreter exit (scale/dist/topology.py)
         print(f"dapo train: warning: gloo threads {leaked} outlived the process group", file=sys.stderr)
     return 0
 

@@ -94,7 +94,7 @@ def _launch(
         # NCCL semantics gloo can imitate: communicators connect at their first use, so creating
         # the process group is no barrier (a rank reading what rank 0 has not written yet fails)
         "TORCH_GLOO_LAZY_INIT": "1",
-        # every collective's tensors on the compute device (scale/collective_devices.py)
+        # every collective's tensors on the compute device (scale/dist/collective_devices.py)
         "DAPO_CHECK_COLLECTIVES": "1",
         "DAPO_DIST_TIMEOUT_S": os.environ.get("DAPO_DIST_TIMEOUT_S", "120"),
         **(env_extra or {}),
