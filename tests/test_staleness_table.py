@@ -1,4 +1,4 @@
-"""``dapo train`` reads the toys' off-policy table (scale/staleness_table.py): a tolerated, a
+"""``dapo train`` reads the toys' off-policy table (scale/ops/staleness_table.py): a tolerated, a
 not-tolerated and an unknown configuration, on a table of known contents and on the committed one."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from scale.config import load
-from scale.staleness_table import TABLE, base_loss, correction_name, lookup
+from scale.ops.staleness_table import TABLE, base_loss, correction_name, lookup
 
 ROOT = Path(__file__).parents[1]
 
@@ -86,7 +86,7 @@ def test_the_base_loss_and_the_correction_are_recognised():
 def test_validate_only_prints_the_committed_tables_word(tmp_path):
     """The committed table is read by `dapo train --validate-only`: one line naming the row."""
     assert TABLE.is_file()
-    from scale.tiny import build_tiny_data
+    from scale.ops.tiny import build_tiny_data
 
     train, evals = build_tiny_data(tmp_path / "data")
     proc = subprocess.run(

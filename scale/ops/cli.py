@@ -71,7 +71,7 @@ def _engine_does_not_fit(cfg, gpu) -> bool:  # type: ignore[no-untyped-def]
 
 
 def _say_staleness(cfg) -> None:  # type: ignore[no-untyped-def]
-    """What the toys' off-policy table says of the config's staleness (:mod:`scale.staleness_table`),
+    """What the toys' off-policy table says of the config's staleness (:mod:`scale.ops.staleness_table`),
     one line, from the first rank; a warning where the toys do not tolerate it."""
     from .staleness_table import lookup
 

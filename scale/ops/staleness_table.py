@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-TABLE = Path(__file__).resolve().parents[1] / "reports" / "off_policy" / "off_policy.json"
+TABLE = Path(__file__).resolve().parents[2] / "reports" / "off_policy" / "off_policy.json"
 """The committed table (a source checkout has it; an installed wheel does not)."""
 LOSS_FIELDS = ("eps_low", "eps_high", "loss_agg", "overlong_filter", "soft_overlong", "dynamic_sampling")
 """The fields that tell the table's two base losses apart."""
@@ -73,7 +73,7 @@ def correction_name(algo: Any) -> str | None:
 
 def lookup(cfg: Any, table: Path = TABLE) -> Lookup | None:
     """The toys' word on ``cfg``'s ``rollout.max_staleness`` (None at staleness 0)."""
-    from .config import with_correction
+    from ..config import with_correction
 
     k = int(cfg.rollout.max_staleness)
     if k == 0:
