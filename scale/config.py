@@ -22,6 +22,57 @@ from dapo.config import from_dict as algo_from_dict
 PRESET_DIR = Path(__file__).parent / "configs"
 
 
+QWEN2_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The linear layers of a Qwen2 decoder block: attention (q, k, v, o) and MLP (gate, up, down)."""
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """A LoRA policy (``model.lora``): low-rank adapters trained on the learner through PEFT,
+    the base weights frozen (:mod:`scale.learner.lora`). ``rank: 0`` is full fine-tuning.
+
+    The engine always receives the merged weights ``W + (alpha / rank) * B @ A`` under the base
+    model's names (the weight sync merges them bucket by bucket, as TRL does); a checkpoint
+    holds the adapters and their optimizer state, not the frozen base (read again from
+    ``model.path`` on resume); ``dapo export`` writes the merged model. Set on the command line
+    as ``model.lora.rank=8`` (any field: ``model.lora.<field>=value``)."""
+
+    rank: int = 0
+    """r, the adapters' rank; 0: no adapters, every weight trained (full fine-tuning)."""
+    alpha: float | None = None
+    """The LoRA scaling numerator: the update is ``(alpha / rank) * B @ A``. None: ``2 * rank``
+    (a scale of 2, a common choice for RL with LoRA)."""
+    target_modules: tuple[str, ...] = QWEN2_PROJECTIONS
+    """Names of the linear layers that get adapters (PEFT's ``target_modules``: a module whose
+    name ends with one of them). Default: every attention and MLP projection of a Qwen2 block;
+    embeddings and the (tied) output layer are never adapted."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input during training (PEFT's ``lora_dropout``). 0 keeps the
+    trainer's log-probs deterministic, so the recomputed old log-probs equal the engine's."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def lora_alpha(self) -> float:
+        """``alpha``, or ``2 * rank`` when it is not set."""
+        return float(self.alpha) if self.alpha is not None else 2.0 * self.rank
+
+    def validate(self, section: str = "model.lora") -> None:
+        if not isinstance(self.rank, int) or self.rank < 0:
+            raise ConfigError(f"{section}.rank", f"must be an integer >= 0 (0: no LoRA; got {self.rank!r})")
+        if self.alpha is not None and not self.alpha > 0:
+            raise ConfigError(f"{section}.alpha", f"must be > 0 or null (2 * rank; got {self.alpha!r})")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"{section}.dropout", f"must lie in [0, 1) (got {self.dropout!r})")
+        if not self.target_modules or not all(isinstance(m, str) and m for m in self.target_modules):
+            raise ConfigError(
+                f"{section}.target_modules",
+                f"must be a non-empty list of module names (got {list(self.target_modules)!r})",
+            )
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     path: str
@@ -35,6 +86,9 @@ class ModelConfig:
     """Recompute activations in the backward pass (needed for 20k-token responses)."""
     logprob_chunk: int = 1024
     """Tokens per chunk of the memory-bounded log-prob/entropy computation."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters instead of full fine-tuning (:class:`LoraConfig`; ``rank: 0``, the
+    default, trains every weight)."""
 
 
 @dataclass(frozen=True)
@@ -278,6 +332,7 @@ class RunConfig:
         for name, dt in (("model.dtype", self.model.dtype), ("rollout.dtype", self.rollout.dtype)):
             if dt not in ("bfloat16", "float32", "float16"):
                 raise ConfigError(name, f"unknown dtype {dt!r} (bfloat16, float32 or float16)")
+        self.model.lora.validate()
         if self.train.sharding not in ("none", "fsdp2"):
             raise ConfigError(
                 "train.sharding",
@@ -495,6 +550,9 @@ def _build(cls, values: Any, section: str):
     hints = typing.get_type_hints(cls)
     clean = {}
     for k, v in values.items():
+        if dataclasses.is_dataclass(hints[k]):  # a nested section (model.lora)
+            clean[k] = _build(hints[k], {} if v is None else v, f"{section}.{k}")
+            continue
         if isinstance(v, list):
             v = tuple(v)
         if (why := _type_problem(hints[k], v)) is not None:
@@ -539,6 +597,16 @@ def _known_fields() -> dict[str, list[str]]:
     return {name: [f.name for f in dataclasses.fields(cls)] for name, cls in classes.items()}
 
 
+def _nested_sections() -> dict[str, type]:
+    """Dotted name -> dataclass of each section inside a section (``model.lora``)."""
+    found: dict[str, type] = {}
+    for name, cls in _SECTIONS.items():
+        for f, hint in typing.get_type_hints(cls).items():
+            if dataclasses.is_dataclass(hint):
+                found[f"{name}.{f}"] = typing.cast(type, hint)
+    return found
+
+
 def _did_you_mean(word: str, choices: list[str]) -> str:
     import difflib
 
@@ -560,6 +628,29 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
         key, raw = item.split("=", 1)
         section, name = key.split(".", 1)
         said = f"command-line override {item!r}"
+        nested = _nested_sections()
+        head, _, tail = name.partition(".")
+        if f"{section}.{head}" in nested and tail:  # section.sub.field=value (model.lora.rank=8)
+            sub = nested[f"{section}.{head}"]
+            fields = [f.name for f in dataclasses.fields(sub)]
+            if tail not in fields:
+                raise ConfigError(
+                    key,
+                    f"{said}: {section}.{head} has no field {tail!r}{_did_you_mean(tail, fields)}; "
+                    f"its fields: {', '.join(fields)}",
+                )
+            out.setdefault(section, {})
+            if not isinstance(out[section], dict):
+                raise ConfigError(section, "is not a section")
+            inner = out[section].get(head)
+            if inner is not None and not isinstance(inner, dict):
+                raise ConfigError(f"{section}.{head}", "is not a section")
+            out[section][head] = inner = dict(inner or {})
+            try:
+                inner[tail] = yaml.safe_load(raw)
+            except yaml.YAMLError:
+                raise ConfigError(key, f"{said}: the value is not valid YAML") from None
+            continue
         if section not in known:
             raise ConfigError(
                 key,

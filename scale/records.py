@@ -54,9 +54,10 @@ def tracker_config(config: dict[str, Any]) -> dict[str, int | float | str | bool
     """The run config as trackers take hyper-parameters: flat ``section.field`` keys and scalar
     values (tensorboard's ``add_hparams`` refuses nested dicts, lists and None)."""
     flat: dict[str, int | float | str | bool] = {}
-    for section, fields in config.items():
-        for name, value in fields.items() if isinstance(fields, dict) else [("", fields)]:
-            key = f"{section}.{name}" if name else section
+    for key, value in config.items():
+        if isinstance(value, dict):  # a section, or a section inside one (model.lora)
+            flat.update({f"{key}.{k}": v for k, v in tracker_config(value).items()})
+        else:
             flat[key] = (
                 value if isinstance(value, (int, float, str, bool)) else json.dumps(value, default=str)
             )
