@@ -43,6 +43,7 @@ from .generator.evaluation import eval_line
 from .generator.prompts import Prompts
 from .generator.role import empty_groups
 from .learner import checkpoint as ckpt
+from .learner.lora import param_counts
 from .learner.policy import Policy
 from .learner.role import Learner
 from .placement.colocated import Colocated
@@ -77,6 +78,12 @@ class Trainer:
         # which checkpoint to continue from, refused now if it cannot be (before the model loads)
         resume_from = ckpt.resume_point(cfg, self.out, resume, log)
         self.learner = Learner.build(cfg, self.acc, self.prompts.pad_id)
+        if cfg.model.lora.enabled and self.acc.is_main_process:
+            trained, total = param_counts(self.learner.unwrapped)
+            log(
+                f"model.lora: rank {cfg.model.lora.rank} on {', '.join(cfg.model.lora.target_modules)}: "
+                f"{trained:,} of {total:,} parameters trained ({100 * trained / total:.2f}%)"
+            )
         self.step = 0
         self.totals = {"responses": 0.0, "tokens": 0.0, "optimizer_steps": 0.0, "skipped_steps": 0.0}
         held = self._resume(*resume_from) if resume_from is not None else {}

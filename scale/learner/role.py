@@ -25,6 +25,7 @@ from dapo import DataParallel, RolloutBatch, update
 
 from ..dist.topology import all_max
 from . import checkpoint as ckpt
+from .lora import trainable
 from .policy import Policy, response_logp, token_budget_splitter
 from .sharding import build_policy, clip_grad_norm
 
@@ -108,12 +109,13 @@ class Learner:
 
     @classmethod
     def build(cls, cfg: Any, acc: Any, pad_id: int) -> Learner:
-        """The model on its ranks (DDP or FSDP2), then AdamW over what the ranks hold and the
+        """The model on its ranks (DDP or FSDP2; with ``model.lora`` its adapters), then AdamW
+        over the trainable parameters the ranks hold (the adapters only, with LoRA) and the
         warm-up schedule (``train.warmup_steps`` linear, then constant)."""
         policy, unwrapped = build_policy(cfg, acc)
         t = cfg.train
         optimizer = torch.optim.AdamW(
-            unwrapped.parameters(), lr=t.lr, betas=(t.betas[0], t.betas[1]), weight_decay=t.weight_decay
+            trainable(unwrapped), lr=t.lr, betas=(t.betas[0], t.betas[1]), weight_decay=t.weight_decay
         )
         warm = t.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(

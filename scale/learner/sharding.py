@@ -27,6 +27,10 @@ it would carry those collectives over TCP from host memory: a 32B model's weight
 and gathered through gloo on every sync. :mod:`scale.dist.collective_devices` checks the rule
 at run time.
 
+LoRA (``model.lora.rank > 0``): the model is wrapped with PEFT's adapters right after it is
+loaded (:func:`load_lm`), before DDP or ``fully_shard``; FSDP2 shards the frozen base and the
+adapters alike, per parameter (:mod:`scale.learner.lora`).
+
 Precision: master weights and optimizer state in ``model.dtype`` (fp32); with
 ``train.mixed_precision: bf16`` FSDP2 all-gathers bf16 copies for compute and reduces
 gradients in fp32 (``MixedPrecisionPolicy``); under DDP accelerate runs the forward in bf16
@@ -41,6 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import lora
 from .policy import Policy
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
@@ -70,6 +75,15 @@ def check_materialised(module: nn.Module) -> None:
                 raise RuntimeError(f"{kind} {name} is still on the meta device after loading")
 
 
+def load_lm(cfg: Any, master: torch.dtype, meta: bool) -> nn.Module:
+    """The causal LM of ``model.path`` (on the meta device when ``meta``), wrapped with LoRA
+    adapters when ``model.lora.rank > 0`` (:mod:`scale.learner.lora`): before any sharding."""
+    lm = _load_lm(cfg.model.path, master, meta, cfg.model.gradient_checkpointing)
+    if cfg.model.lora.enabled:
+        lm = lora.wrap(lm, cfg.model.lora, seed=cfg.train.seed)
+    return lm
+
+
 def _load_lm(path: str, master: torch.dtype, meta: bool, gradient_checkpointing: bool) -> nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -97,7 +111,7 @@ def build_policy(cfg: Any, acc: Any) -> tuple[nn.Module, Policy]:
 
     if t.sharding == "none" or not (dist.is_available() and dist.is_initialized()):
         # one process without a process group: nothing to shard over
-        lm = _load_lm(cfg.model.path, master, False, cfg.model.gradient_checkpointing)
+        lm = load_lm(cfg, master, False)
         policy = Policy(lm, chunk=cfg.model.logprob_chunk)
         return acc.prepare(policy), policy
     policy = _fsdp2(cfg, acc, master)
@@ -114,7 +128,7 @@ def _fsdp2(cfg: Any, acc: Any, master: torch.dtype) -> Policy:
     device = acc.device
     distributed = dist.is_available() and dist.is_initialized()
     efficient = t.cpu_ram_efficient_loading and distributed and world > 1
-    lm = _load_lm(cfg.model.path, master, efficient and rank != 0, cfg.model.gradient_checkpointing)
+    lm = load_lm(cfg, master, efficient and rank != 0)
     policy = Policy(lm, chunk=cfg.model.logprob_chunk)
     full_state = policy.state_dict() if efficient and rank == 0 else {}
     buffers = {n: b.clone() for n, b in policy.named_buffers()} if efficient and rank == 0 else {}

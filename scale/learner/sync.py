@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from .lora import Part, merge, merged_plan
+
 MIB = 1 << 20
 
 
@@ -86,6 +88,36 @@ def _materialise(t: Tensor, dtype: torch.dtype, device: torch.device, stats: Syn
     return out, nbytes
 
 
+def _merged(part: Part, dtype: torch.dtype, device: torch.device, stats: SyncStats) -> tuple[Tensor, int]:
+    """A LoRA-adapted weight as the engine needs it: W, A and B gathered (each on its own,
+    in the master dtype), ``W + scale * B @ A`` in fp32 (:func:`scale.learner.lora.merge`),
+    then cast to ``dtype``; the gathered inputs are dropped before the next tensor."""
+    _, w, a, b, scale = part
+    assert a is not None and b is not None
+    held = 0
+    full = []
+    for t in (w, a, b):
+        x, n = _materialise(t, t.dtype, device, stats)
+        full.append(x)
+        held += n
+    merged = merge(*full, scale)
+    stats.hold(merged.numel() * merged.element_size())
+    out = merged.to(dtype)
+    nbytes = out.numel() * out.element_size()
+    if out is not merged:
+        stats.hold(nbytes)
+        stats.release(merged.numel() * merged.element_size())
+    del full, merged
+    stats.release(held)
+    return out, nbytes
+
+
+def stream_plan(lm: nn.Module) -> list[Part]:
+    """What :func:`stream_weights` sends, in its order: ``(name, W, A, B, scale)`` per engine
+    tensor, from ``lm``'s state dict (nothing gathered; see :func:`scale.learner.lora.merged_plan`)."""
+    return list(merged_plan(lm))
+
+
 def stream_weights(
     lm: nn.Module,
     *,
@@ -97,22 +129,27 @@ def stream_weights(
     """Every tensor of ``lm``'s state dict (a transformers causal LM, possibly FSDP2-sharded)
     in checkpoint naming, full and in ``dtype`` on ``device``, gathered one bucket at a time (a
     bucket closes before the tensor that would take it past ``bucket_bytes``). A state dict
-    holds a tied output layer under its own name too (``lm_head.weight``), so the engine gets it."""
+    holds a tied output layer under its own name too (``lm_head.weight``), so the engine gets it.
+
+    A LoRA policy (``model.lora``, :mod:`scale.learner.lora`) is streamed as the base model's
+    tensors under the base model's names, each adapted weight merged (``W + (alpha/r) B A``,
+    fp32, then ``dtype``): the engine never sees an adapter."""
     stats = stats if stats is not None else SyncStats()
     device = torch.device(device)
-    state = lm.state_dict()
-    names = list(state)
+    plan = stream_plan(lm)
     i = 0
-    while i < len(names):
+    while i < len(plan):
         bucket: list[tuple[str, Tensor]] = []
         held = size = 0
-        while i < len(names) and (
-            not bucket or size + state[names[i]].numel() * dtype.itemsize <= bucket_bytes
-        ):
-            full, fresh = _materialise(state[names[i]], dtype, device, stats)
+        while i < len(plan) and (not bucket or size + plan[i][1].numel() * dtype.itemsize <= bucket_bytes):
+            name, w, a, _, _ = plan[i]
+            if a is None:
+                full, fresh = _materialise(w, dtype, device, stats)
+            else:
+                full, fresh = _merged(plan[i], dtype, device, stats)
             held += fresh
             size += full.numel() * full.element_size()
-            bucket.append((names[i], full))
+            bucket.append((name, full))
             i += 1
         for name, full in bucket:
             nbytes = full.numel() * full.element_size()

@@ -58,7 +58,7 @@ from ..dist import bridge, topology
 from ..generator.engines import EngineError
 from ..generator.rollout import batch_state, from_state
 from ..learner.sharding import dtype
-from ..learner.sync import MIB, SyncStats, stream_weights
+from ..learner.sync import MIB, SyncStats, stream_plan, stream_weights
 from ..records import trim_jsonl
 
 
@@ -474,8 +474,8 @@ def _die_with_parent() -> None:
 
 def weights_header(lm: torch.nn.Module, dtype: torch.dtype) -> list[tuple[str, list[int], str]]:
     """Name, full shape and engine dtype of each tensor :func:`scale.learner.sync.stream_weights`
-    yields, in its order."""
-    return [(n, list(t.shape), str(dtype).removeprefix("torch.")) for n, t in lm.state_dict().items()]
+    yields, in its order (a LoRA policy's merged tensors under the base model's names)."""
+    return [(n, list(t.shape), str(dtype).removeprefix("torch.")) for n, t, *_ in stream_plan(lm)]
 
 
 __all__ = [
