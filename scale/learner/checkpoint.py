@@ -12,6 +12,12 @@ rank in parallel, never gathered on one.
 * ``trainer_state.json``: step, counters, world size, the config it was made with. Written
   last: a directory without it is not a checkpoint.
 
+With LoRA (``model.lora``, :mod:`scale.learner.lora`) ``state/`` holds the trainable
+parameters (the adapters) and their optimizer state only, not the frozen base: a resumed run
+reads the base from ``model.path`` again (as it started) and the adapters from ``state/``;
+:func:`export` reads the base the same way and writes the merged model. (``hf/`` holds no
+merged copy: that would be the whole model in every checkpoint.)
+
 Every rank writes into ``step_<N>.tmp``; rank 0 renames it into place after a barrier, so a
 crash while saving never leaves a half-written ``step_<N>`` (the output directory must be on
 a file system every node sees). A checkpoint resumes on any number of processes: DCP
@@ -32,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..config import LoraConfig
 
 STATE = "trainer_state.json"
 SHARDS = "state"
@@ -63,11 +71,29 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _options(model: torch.nn.Module) -> Any:
+    """The trainable parameters only (a LoRA policy's adapters; every parameter in full
+    fine-tuning); loading leaves the frozen base as :func:`scale.learner.sharding.load_lm` read it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    frozen = any(not p.requires_grad for p in model.parameters())
+    return StateDictOptions(ignore_frozen_params=True, strict=not frozen)
+
+
+def _without_frozen(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` less every frozen parameter under any of its names: ``ignore_frozen_params``
+    drops a tied parameter under its first name only, and a LoRA policy's frozen tied output
+    layer would otherwise be written as ``lm_head.weight`` (the embedding: a large share of a
+    small model)."""
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {k: v for k, v in state.items() if k not in frozen}
+
+
 def _states(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_state, optim_state = get_state_dict(model, optimizer)
-    return {"model": model_state, "optim": optim_state}
+    model_state, optim_state = get_state_dict(model, optimizer, options=_options(model))
+    return {"model": _without_frozen(model, model_state), "optim": optim_state}
 
 
 def save(
@@ -142,34 +168,78 @@ def load(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer
     if not (shards / ".metadata").is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {SHARDS}/.metadata)")
     states = _states(model, optimizer)
-    dcp.load(states, checkpoint_id=str(shards))
-    set_state_dict(model, optimizer, model_state_dict=states["model"], optim_state_dict=states["optim"])
+    dcp.load(states, checkpoint_id=str(shards))  # every key asked for must be in the checkpoint
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=states["model"],
+        optim_state_dict=states["optim"],
+        options=_options(model),
+    )
 
 
-def export(path: Path, out: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+def lora_of(state: dict[str, Any]) -> LoraConfig:
+    """The ``model.lora`` a checkpoint was written with (``rank: 0`` for one without it)."""
+    written = state.get("config", {}).get("model", {}).get("lora") or {}
+    return LoraConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in written.items()})
+
+
+def export(path: Path, out: Path, dtype: torch.dtype = torch.bfloat16, base: str | None = None) -> Path:
     """One transformers model directory (``model.safetensors``, config, tokenizer) from the
-    sharded checkpoint ``path``, in one process (host memory: the whole model in fp32)."""
+    sharded checkpoint ``path``, in one process (host memory: the whole model in fp32).
+
+    A LoRA run's checkpoint holds the adapters only: the base is read from ``base`` (default:
+    the run's ``model.path``), the adapters loaded onto it and merged (PEFT's
+    ``merge_and_unload``), so the directory is a plain model (no PEFT needed to load it)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from . import lora
     from .policy import Policy
 
-    load_trainer_state(path)
+    trainer_state = load_trainer_state(path)
     hf = path / "hf"
     if not (hf / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no hf/config.json)")
     if not (path / SHARDS / ".metadata").is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {SHARDS}/.metadata)")
-    lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf), dtype=torch.float32)
+    adapters = lora_of(trainer_state)
+    if adapters.enabled:
+        base = base or trainer_state["config"]["model"]["path"]
+        try:
+            lm = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        except OSError as err:
+            raise FileNotFoundError(
+                f"{path} is a LoRA checkpoint (model.lora.rank={adapters.rank}) and its base model "
+                f"{base!r} cannot be read ({str(err).splitlines()[0]}); pass the base with --base"
+            ) from None
+        lm = lora.wrap(lm, adapters)
+    else:
+        lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(hf), dtype=torch.float32)
     policy = Policy(lm)
-    state = {"model": get_model_state_dict(policy)}
+    options = _options(policy)
+    state = {"model": _without_frozen(policy, get_model_state_dict(policy, options=options))}
     dcp.load(state, checkpoint_id=str(path / SHARDS))
-    set_model_state_dict(policy, state["model"])
+    set_model_state_dict(policy, state["model"], options=options)
+    if adapters.enabled:
+        lm = lm.merge_and_unload()  # type: ignore[operator]
     out.mkdir(parents=True, exist_ok=True)
     lm.to(dtype).save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(hf).save_pretrained(out)
     return out
+
+
+def _adapter_shape(c: LoraConfig) -> tuple[Any, ...]:
+    """What a checkpoint's adapters must share with the run that continues them (the dropout
+    may change, as the learning rate may)."""
+    return (c.rank, c.lora_alpha, sorted(c.target_modules)) if c.enabled else (0,)
+
+
+def _said(c: LoraConfig) -> str:
+    if not c.enabled:
+        return "rank=0 (full fine-tuning)"
+    return f"rank={c.rank}, alpha={c.lora_alpha:g}, target_modules={list(c.target_modules)}"
 
 
 def resume_point(cfg: Any, out: Path, resume: str | None, log: Any) -> tuple[Path, dict[str, Any]] | None:
@@ -192,6 +262,17 @@ def resume_point(cfg: Any, out: Path, resume: str | None, log: Any) -> tuple[Pat
         raise ResumeError(
             f"--resume: {path} was written with train.sharding={written} and this run has "
             f"train.sharding={cfg.train.sharding}; resume it with train.sharding={written}"
+        )
+    theirs_lora, mine_lora = lora_of(state), cfg.model.lora
+    if _adapter_shape(theirs_lora) != _adapter_shape(mine_lora):
+        raise ResumeError(
+            f"--resume: {path} was written with model.lora {_said(theirs_lora)} and this run has "
+            f"model.lora {_said(mine_lora)}; resume it with the checkpoint's model.lora"
+        )
+    if mine_lora.enabled and state.get("config", {}).get("model", {}).get("path") != cfg.model.path:
+        log(
+            f"note: {path} trained adapters on model.path={state['config']['model']['path']!r}; "
+            f"this run reads the base from {cfg.model.path!r}"
         )
     # a history belongs to its policy (checked here, before the model loads)
     mine = cfg.algo.prompt_selection.partition(":")[0]

@@ -581,7 +581,8 @@ def export_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="dapo export",
         description="Consolidate a sharded checkpoint (checkpoints/step_N) into one transformers "
-        "model directory (model.safetensors, config, tokenizer) for dapo eval, vLLM and the hub.",
+        "model directory (model.safetensors, config, tokenizer) for dapo eval, vLLM and the hub. "
+        "A LoRA run's adapters are merged into its base model (model.path, or --base).",
     )
     p.add_argument("checkpoint", type=Text(), help="a checkpoint directory: <output.dir>/checkpoints/step_N")
     p.add_argument("out", type=OutDir(), help="the model directory to write")
@@ -590,6 +591,12 @@ def export_parser() -> argparse.ArgumentParser:
         choices=["bfloat16", "float16", "float32"],
         default="bfloat16",
         help="dtype of the exported weights (default bfloat16; the masters are fp32)",
+    )
+    p.add_argument(
+        "--base",
+        type=Text(),
+        default=None,
+        help="a LoRA run's base model (default: the run's model.path); its adapters are merged into it",
     )
     return p
 
@@ -607,7 +614,7 @@ def export_main(argv: list[str] | None = None) -> int:
     from ..learner.sharding import dtype
 
     try:
-        out = export(path, args.out, dtype(args.dtype))
+        out = export(path, args.out, dtype(args.dtype), base=args.base)
     except FileNotFoundError as err:
         raise UsageError(f"checkpoint: {err}") from None
     print(f"wrote {out} ({args.dtype})")
