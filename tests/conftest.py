@@ -36,6 +36,7 @@ def toy_results():
 SLOW_FIRST = (
     "test_scale_trainer.py",
     "test_disaggregated_resume.py",
+    "test_lora.py",
     "test_check_corpus.py",
     "test_check.py",
     "test_gpu_check.py",

@@ -4,7 +4,8 @@ given the groups in the order N ranks interleave them into windows, so both must
 the same weights and the same metrics (written per rank to OUT_FILE.rank<r>.json).
 
 Usage: dp_worker.py MODEL_DIR OUT_FILE [--order 0,2,1,3] [--sharding none|fsdp2]
-[--max-tokens N] (token-budget micro-batches, packed)"""
+[--max-tokens N] (token-budget micro-batches, packed) [--offload] [--lora RANK] (FSDP2: LoRA
+adapters; the state saved is PEFT's, the stream the merged weights)"""
 
 import argparse
 import json
@@ -64,6 +65,7 @@ def main() -> None:
     ap.add_argument("--sharding", default="none")
     ap.add_argument("--max-tokens", type=int, default=None)
     ap.add_argument("--offload", action="store_true", help="train.fsdp_offload (FSDP2 CPUOffloadPolicy)")
+    ap.add_argument("--lora", type=int, default=0, help="model.lora.rank (FSDP2 only)")
     args = ap.parse_args()
     # a dead peer ends the run with an error within seconds instead of gloo's 30-minute wait
     acc = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=dist_timeout(60))])
@@ -77,9 +79,11 @@ def main() -> None:
         policy, opt = acc.prepare(policy, opt)
     else:  # the trainer's own FSDP2 path: rank 0 reads the weights, the others get shards
         overrides = [f"model.path={args.model_dir}", "model.logprob_chunk=7"]
-        cfg = load("tiny-cpu-fsdp", overrides + (["train.fsdp_offload=true"] if args.offload else []))
+        overrides += ["train.fsdp_offload=true"] if args.offload else []
+        overrides += [f"model.lora.rank={args.lora}"] if args.lora else []
+        cfg = load("tiny-cpu-fsdp", overrides)
         policy = build_policy(cfg, acc)[0]
-        opt = torch.optim.SGD(policy.parameters(), lr=0.5)
+        opt = torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.5)
     full = batch(pad_id=1)
     algo = AlgoConfig(
         group_size=G,
