@@ -211,3 +211,21 @@ def test_launch_places_a_disaggregated_run_on_one_node(capsys):
     assert "one node" in capsys.readouterr().err
     assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "1", "--gpus-per-node", "2", *dis]) == 2
     assert "leaves no GPU" in capsys.readouterr().err
+
+
+def test_one_commits_gate_holds_every_rung_written_for_it(tmp_path, monkeypatch):
+    """The toy gate applies to every preset: writing it for the one-GPU and the one-node rungs
+    keeps the 32B preset's, and a config never written for stays refused."""
+    monkeypatch.setattr(gate, "git_state", lambda cwd=None: ("abc123" * 6, False))
+    d = tmp_path / "gate"
+    rungs = [load(n) for n in ("qwen2.5-32b-dapo", "qwen2.5-math-7b-dapo", "qwen2.5-math-1.5b-dapo")]
+    assert len({gate.algo_hash(c) for c in rungs}) == 3
+    for i, cfg in enumerate(rungs):
+        gate.write(cfg, _summary(tmp_path), d)
+        for written in rungs[: i + 1]:
+            assert gate.check(written, d)["commit"].startswith("abc123")
+        for unwritten in rungs[i + 1 :]:
+            with pytest.raises(gate.GateError, match="another algo config"):
+                gate.check(unwritten, d)
+    (only,) = d.glob("*.json")
+    assert len(json.loads(only.read_text())["algo_hashes"]) == 3

@@ -236,3 +236,37 @@ def test_plan_and_validate_only_refuse_what_cannot_fit_before_any_model_loads(ca
     with pytest.raises(SystemExit):
         main(["--config", "qwen2.5-32b-dapo", "--gpus", "8", "--gpu-type", "b999"])
     assert "--gpu-type" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name,gpus,nodes,gpu,offload",
+    [
+        ("qwen2.5-math-1.5b-dapo", 1, 1, "h100-80gb", False),
+        ("qwen2.5-math-1.5b-dapo", 1, 1, "a100-80gb", False),
+        ("qwen2.5-math-7b-dapo", 8, 1, "h100-80gb", False),
+        ("qwen2.5-math-7b-dapo", 8, 1, "a100-80gb", False),
+        ("qwen2.5-32b-dapo", 8, 16, "h100-80gb", True),
+    ],
+)
+def test_each_rung_fits_its_gpus_and_the_plan_gives_its_hours(capsys, name, gpus, nodes, gpu, offload):
+    """The presets that climb (one GPU, one node, 16 nodes) fit the named GPU types they are
+    written for, and `dapo plan` prints the whole run's wall clock and GPU-hours."""
+    from scale.ops.fit import GPUS, problems
+    from scale.ops.plan import main
+
+    cfg = load(name)
+    assert cfg.train.fsdp_offload == offload
+    assert problems(cfg, GPUS[gpu]) == []  # what `dapo train --validate-only --gpu-type` checks
+    argv = ["--config", name, "--gpus", str(gpus), "--nodes", str(nodes), "--gpu-type", gpu]
+    argv += [] if offload else ["--no-offload"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "FITS" in text and f"run (train.steps={cfg.train.steps}): " in text and "GPU-hours" in text
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    run = got["run"]
+    assert run["hours"] == pytest.approx(cfg.train.steps * got["step_seconds"]["total"] / 3600)
+    assert run["gpu_hours"] == pytest.approx(run["hours"] * gpus * nodes)
+    assert got["assumptions"]["gpu_tflops"] == GPUS[gpu].tflops  # the type's own peak by default
+    if gpus * nodes == cfg.rollout.tensor_parallel:  # one engine's GPUs: colocated is the only placement
+        assert [r[0] for r in got["placement"]["rows"]] == ["colocated, synchronous"]

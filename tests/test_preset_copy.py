@@ -85,3 +85,58 @@ def test_the_copys_data_takes_the_presets_template_and_chat_template_paths(tmp_p
     prompt_end = tok.convert_tokens_to_ids(",")  # the tiny chat template's generation prompt
     assert all(c == [*r, prompt_end] for c, r in zip(ps.prompt_ids, raw.prompt_ids))
     assert tok.unk_token_id not in {i for ids in ps.prompt_ids for i in ids}  # in the tiny words
+
+
+PRESETS = sorted(
+    p.stem for p in (Path(pc.__file__).parents[1] / "configs").glob("*.yaml") if not p.stem.startswith("tiny")
+)
+
+
+def test_every_full_scale_preset_has_a_rehearsed_copy():
+    """A preset added to scale/configs/ without a copy table (and the processes it runs on) is
+    a preset no rehearsal exercises."""
+    assert PRESETS == sorted(pc.COPIES) == sorted(pc.PROCESSES), (PRESETS, sorted(pc.COPIES))
+    from scale.rehearsal import run as rehearsal
+
+    assert "pc.PROCESSES.items()" in inspect.getsource(rehearsal.rehearse)  # every copy is trained
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_each_copy_keeps_every_setting_of_its_preset_unless_its_table_says_why(name):
+    preset = flat(yaml.safe_load(resolve_path(name).read_text()))
+    copy = flat(
+        load(name, pc.overrides(Path("m"), Path("t.jsonl"), Path("e.jsonl"), Path("o"), name)).to_dict()
+    )
+    table = pc.COPIES[name]
+    for key, value in preset.items():
+        if key in table:
+            continue
+        got = copy[key]
+        assert (list(got) if isinstance(got, tuple) else got) == value, (name, key, got, value)
+    for key, (value, why) in table.items():
+        assert key in preset, f"{key} is not a setting of {name}: remove it from its table"
+        assert why.strip(), key
+        if not str(value).startswith("<"):
+            assert copy[key] == value != preset[key], (name, key)
+    # the copy reaches what the preset does periodically: evaluation, diagnosis, a checkpoint
+    steps = copy["train.steps"]
+    assert steps >= copy["eval.every"] and steps >= copy["diagnose.every_steps"]
+    assert steps >= copy["output.checkpoint_every"]
+    nodes, per_node = pc.PROCESSES[name]
+    assert (nodes * per_node) % copy["rollout.tensor_parallel"] == 0
+    assert copy["algo.train_groups"] % (nodes * per_node) == 0
+
+
+def test_every_preset_passes_validate_only_with_its_data_in_the_real_shape(tmp_path, monkeypatch, capsys):
+    """`dapo train --config PRESET --validate-only` (model and data in the real sets' shape, the
+    tokenizer with a chat template, as the preset applies it): exit 0 for every rung."""
+    need("transformers", "tokenizers", "datasets")
+    from scale.ops.cli import train_main
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # data.cache_dir: ~/.cache/dapo/data
+    model = pc.build_model(tmp_path / "m")
+    train, ev = pc.build_data(tmp_path / "d")
+    for name in PRESETS:
+        argv = ["--config", name, "--validate-only", f"model.path={model}", f"data.train={train}"]
+        argv += [f"data.eval={ev}", f"output.dir={tmp_path / name}"]
+        assert train_main(argv) == 0, (name, capsys.readouterr().err)

@@ -39,13 +39,16 @@ class GpuType:
     """Device memory as the driver reports it (``torch.cuda.get_device_properties().total_memory``)."""
     host_gib: float
     """Host memory of the vendor's 8-GPU node (DGX), per node: an assumption, overridden by ``--host-mem``."""
+    tflops: float = 312.0
+    """Dense bf16 peak TFLOP/s (the vendor's data sheet, SXM parts): ``dapo plan``'s default for
+    this type, overridden by ``--gpu-tflops``."""
 
 
 GPUS: dict[str, GpuType] = {
-    "a100-40gb": GpuType("A100 40GB", 39.4, 1024.0),
-    "a100-80gb": GpuType("A100 80GB", 79.2, 2048.0),
-    "h100-80gb": GpuType("H100 80GB", 79.2, 2048.0),
-    "h200": GpuType("H200 141GB", 139.8, 2048.0),
+    "a100-40gb": GpuType("A100 40GB", 39.4, 1024.0, 312.0),
+    "a100-80gb": GpuType("A100 80GB", 79.2, 2048.0, 312.0),
+    "h100-80gb": GpuType("H100 80GB", 79.2, 2048.0, 989.0),
+    "h200": GpuType("H200 141GB", 139.8, 2048.0, 989.0),
 }
 
 
@@ -84,8 +87,11 @@ class Arch:
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
 
 
-# Qwen2.5 base models (their config.json)
+# Qwen2.5 base models and the Math models of the smaller presets (their config.json; the Math
+# models' context is 4,096 positions)
 KNOWN: dict[str, Arch] = {
+    "Qwen/Qwen2.5-Math-1.5B": Arch(1536, 28, 12, 2, 8960, 151936, True),
+    "Qwen/Qwen2.5-Math-7B": Arch(3584, 28, 28, 4, 18944, 152064, False),
     "Qwen/Qwen2.5-0.5B": Arch(896, 24, 14, 2, 4864, 151936, True),
     "Qwen/Qwen2.5-1.5B": Arch(1536, 28, 12, 2, 8960, 151936, True),
     "Qwen/Qwen2.5-3B": Arch(2048, 36, 16, 2, 11008, 151936, True),

@@ -76,18 +76,39 @@ def write(cfg, toy_summary: Path, gate_dir: Path = GATE_DIR) -> Path:
     if not ok:
         raise GateError("toy checks did not pass:\n  " + "\n  ".join(problems))
     commit, dirty = git_state()
+    gate_dir.mkdir(parents=True, exist_ok=True)
+    path = gate_dir / f"{commit}.json"
+    # one record per commit; each config written for it adds its algo hash (the rungs of the
+    # presets share the toy checks, which do not depend on the algo section)
+    before = _read(path) if path.is_file() else {}
+    hashes = [] if before.get("dirty", True) != dirty else list(_hashes(before))
+    if algo_hash(cfg) not in hashes:
+        hashes.append(algo_hash(cfg))
     record = {
         "commit": commit,
         "dirty": dirty,
         "algo_hash": algo_hash(cfg),
+        "algo_hashes": hashes,
         "written": time.time(),
         "toy_summary": str(toy_summary),
         "verdicts": {k: v["verdict"] for k, v in summary["experiments"].items()},
     }
-    gate_dir.mkdir(parents=True, exist_ok=True)
-    path = gate_dir / f"{commit}.json"
     path.write_text(json.dumps(record, indent=2))
     return path
+
+
+def _read(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _hashes(record: dict) -> list[str]:
+    """The algo hashes a gate record was written for (older records hold one, ``algo_hash``)."""
+    found = record.get("algo_hashes") or [record.get("algo_hash")]
+    return [h for h in found if isinstance(h, str)]
 
 
 class GateError(RuntimeError):
@@ -115,10 +136,11 @@ def check(cfg, gate_dir: Path = GATE_DIR) -> dict:
     record = json.loads(path.read_text())
     if record.get("dirty"):
         raise GateError(f"{path}: the toy checks ran on a dirty tree; rerun `nox -s toy` on the clean commit")
-    if record["algo_hash"] != algo_hash(cfg):
+    if algo_hash(cfg) not in _hashes(record):
         raise GateError(
             f"{path}: the toy gate was written for another algo config "
-            f"({record['algo_hash']} != {algo_hash(cfg)}); rerun `nox -s toy -- --config ...`"
+            f"({', '.join(_hashes(record))} != {algo_hash(cfg)}); rerun `nox -s toy -- --config ...` "
+            "or `dapo gate write --config ...` with the toy summary"
         )
     return record
 

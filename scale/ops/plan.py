@@ -240,14 +240,19 @@ def placement(
 
     colocated = 3600.0 * steps / simulate([gen_s(n) * x for x in noise], train_gpu_s / n, 0).total
     splits = list(range(tp, n, tp))
-    if not splits:
+    if not splits and gen_gpus is not None:
         raise ValueError(f"{n} GPUs cannot be split into generation and training (tensor_parallel={tp})")
-    if gen_gpus is None:
+    if not splits:  # one GPU (or one engine's worth): colocated is the only placement
+        gen_gpus, ks = n, ()
+    elif gen_gpus is None:
         gen_gpus = max(splits, key=lambda g: per_hour(g, 1))
+        ks = (0, 1, 2)
     elif gen_gpus not in splits:
         raise ValueError(f"--gen-gpus {gen_gpus}: must be a multiple of tensor_parallel={tp} below {n}")
+    else:
+        ks = (0, 1, 2)
     rows = [("colocated, synchronous", n, n, colocated)]
-    rows += [(f"disaggregated, k = {k}", gen_gpus, n - gen_gpus, per_hour(gen_gpus, k)) for k in (0, 1, 2)]
+    rows += [(f"disaggregated, k = {k}", gen_gpus, n - gen_gpus, per_hour(gen_gpus, k)) for k in ks]
     return Placement(
         rows,
         {
@@ -267,6 +272,8 @@ def format_placement(p: Placement) -> str:
     for name, g, t, rate in p.rows:
         where = f"{g} GPUs take turns" if name.startswith("colocated") else f"{g} generate, {t} train"
         lines.append(f"  {name:<24} {where:<28} {rate:8.2f}  ({rate / base:.2f}x)")
+    if len(p.rows) == 1:
+        lines.append("  (no disaggregated split: the GPUs hold one engine's tensor-parallel group)")
     lines.append("  assumptions: " + ", ".join(f"{k}={v}" for k, v in p.assumptions.items()))
     return "\n".join(lines)
 
@@ -304,6 +311,13 @@ def format_selection(sel: dict[str, float]) -> str:
     )
 
 
+def run_time(pl: Plan, cfg, cluster: Cluster) -> dict[str, float]:
+    """The whole run at the estimated step time: ``train.steps`` steps, hours of wall clock and
+    GPU-hours (every GPU of the cluster held for the run)."""
+    hours = cfg.train.steps * pl.step_seconds["total"] / 3600
+    return {"steps": cfg.train.steps, "hours": hours, "gpu_hours": hours * cluster.gpus}
+
+
 def format_plan(pl: Plan, cfg, cluster: Cluster) -> str:
     lines = [
         f"model {cfg.model.path}: {pl.params / 1e9:.2f} B parameters; {cluster.nodes} node(s) x "
@@ -320,6 +334,9 @@ def format_plan(pl: Plan, cfg, cluster: Cluster) -> str:
         + (" (they queue)" if pl.engine_concurrency < pl.engine_sequences_needed else ""),
         "",
         "step time (s): " + ", ".join(f"{k} {v:,.0f}" for k, v in pl.step_seconds.items()),
+        "run (train.steps={steps}): {hours:,.0f} h of wall clock, {gpu_hours:,.0f} GPU-hours".format(
+            **run_time(pl, cfg, cluster)
+        ),
         "",
         "FITS" if pl.fits else "DOES NOT FIT",
     ]
@@ -371,8 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--gpu-tflops",
         type=Float(lo=0.0, lo_open=True),
-        default=312.0,
-        help="dense bf16 TFLOP/s per GPU (default 312, A100)",
+        default=None,
+        help="dense bf16 TFLOP/s per GPU (default: the --gpu-type's, else 312, an A100's)",
     )
     ap.add_argument(
         "--mfu",
@@ -451,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         args.nodes,
         args.gpus,
         gpu.memory_gib,
-        args.gpu_tflops,
+        args.gpu_tflops or (gpu.tflops if args.gpu_type else 312.0),
         args.mfu,
         args.decode_tokens_per_s,
         args.decode_tokens_per_s_per_seq,
@@ -496,7 +513,18 @@ def main(argv: list[str] | None = None) -> int:
         else None
     )
     if args.json:
-        print(json.dumps({**asdict(pl), **storage, "placement": asdict(place), "selection": sel}, indent=2))
+        print(
+            json.dumps(
+                {
+                    **asdict(pl),
+                    "run": run_time(pl, cfg, cluster),
+                    **storage,
+                    "placement": asdict(place),
+                    "selection": sel,
+                },
+                indent=2,
+            )
+        )
     else:
         text = format_plan(pl, cfg, cluster) + "\n\n" + format_storage(storage, cfg)
         text += "\n\n" + format_placement(place)

@@ -1,4 +1,8 @@
-"""The 32B preset, scaled down to run on CPU processes: what ``nox -s rehearsal`` trains.
+"""The full-scale presets, scaled down to run on CPU processes: what ``nox -s rehearsal`` trains.
+
+The 32B preset's copy is described here; the smaller presets' copies (:data:`COPIES`) follow the
+same rule, each on as many processes as its preset's placement needs (:data:`PROCESSES`).
+
 
 :func:`overrides` turns ``qwen2.5-32b-dapo`` into a copy that runs on four CPU processes in
 a few minutes, by replacing only the settings that name the model and data or size the run
@@ -66,12 +70,75 @@ EXTRA: dict[str, tuple[object, str]] = {
 }
 """Settings the preset leaves at their defaults that the copy must set to run on a CPU."""
 
+SCALED_7B: dict[str, tuple[object, str]] = {
+    "model.path": ("<tiny model>", "a tiny Qwen2 built locally (no download)"),
+    "data.train": ("<tiny data>", "DAPO-Math-17k-shaped rows in the tiny tokenizer's words"),
+    "data.eval": ("<tiny data>", "AIME-2024-shaped rows"),
+    "algo.expected_len": (16, "token budget /128: 2,048 -> 16"),
+    "algo.cache_len": (8, "token budget /128: 1,024 -> 8 (ceiling 24 = 3,072 / 128)"),
+    "algo.train_groups": (2, "one prompt group per rank of 2 (512 over 8 GPUs is 64 each)"),
+    "algo.mini_batch_groups": (1, "2 optimizer steps per rollout instead of 16: a tenth the time"),
+    "rollout.gen_groups": (3, "1.5 x train_groups, the preset's ratio (768 / 512)"),
+    "rollout.max_model_len": (
+        64,
+        "a tiny prompt + the 24-token ceiling (the preset: the model's 4,096 positions)",
+    ),
+    "rollout.sync_bucket_mb": (0.25, "several buckets for a 0.4 MB model, as 1 GB buckets for 15 GB"),
+    "model.logprob_chunk": (8, "chunks shorter than a response, as 1,024 of 3,072"),
+    "train.steps": (10, "to the first evaluation, diagnosis and checkpoint (step 10)"),
+    "train.max_tokens_per_micro_batch": (
+        48,
+        "one 24-token response plus its prompt fits, as 8,192 for 3,072 + 1,024",
+    ),
+    "output.checkpoint_every": (10, "the first checkpoint inside the copy's 10 steps (the preset: 20)"),
+    "output.dir": ("<rehearsal dir>", "the rehearsal's own directory"),
+}
+"""``qwen2.5-math-7b-dapo``'s copy: one simulated node of 2 processes, one tensor-parallel
+engine of 2 as the preset's (FSDP2 without offload, bf16 engine and compute)."""
 
-def overrides(model: Path, train: Path, evals: Path, out: Path) -> list[str]:
-    """Command-line overrides that make ``qwen2.5-32b-dapo`` the scaled copy."""
+SCALED_1_5B: dict[str, tuple[object, str]] = {
+    **{k: SCALED_7B[k] for k in ("model.path", "data.train", "data.eval", "output.dir")},
+    "algo.expected_len": (16, "token budget /128: 2,048 -> 16"),
+    "algo.cache_len": (8, "token budget /128: 1,024 -> 8 (ceiling 24 = 3,072 / 128)"),
+    "algo.train_groups": (2, "2 prompt groups instead of 64 on the one process"),
+    "algo.mini_batch_groups": (1, "2 optimizer steps per rollout instead of 4"),
+    "rollout.gen_groups": (3, "1.5 x train_groups, the preset's ratio (96 / 64)"),
+    "rollout.max_model_len": (
+        64,
+        "a tiny prompt + the 24-token ceiling (the preset: the model's 4,096 positions)",
+    ),
+    "rollout.sync_bucket_mb": (0.25, "several buckets for a 0.4 MB model, as 512 MB buckets for 3 GB"),
+    "model.logprob_chunk": (8, "chunks shorter than a response, as 1,024 of 3,072"),
+    "train.steps": (10, "to the first evaluation, diagnosis and checkpoint (step 10)"),
+    "train.max_tokens_per_micro_batch": (
+        48,
+        "one 24-token response plus its prompt fits, as 8,192 for 3,072 + 1,024",
+    ),
+    "output.checkpoint_every": (10, "the first checkpoint inside the copy's 10 steps (the preset: 20)"),
+}
+"""``qwen2.5-math-1.5b-dapo``'s copy: one process, no sharding, as the preset's one GPU."""
+
+COPIES: dict[str, dict[str, tuple[object, str]]] = {
+    PRESET: SCALED,
+    "qwen2.5-math-7b-dapo": SCALED_7B,
+    "qwen2.5-math-1.5b-dapo": SCALED_1_5B,
+}
+"""Every full-scale preset in ``scale/configs/`` and its copy's table (``tests/test_preset_copy.py``
+fails for a preset without one)."""
+
+PROCESSES: dict[str, tuple[int, int]] = {
+    PRESET: (2, 2),
+    "qwen2.5-math-7b-dapo": (1, 2),
+    "qwen2.5-math-1.5b-dapo": (1, 1),
+}
+"""Simulated nodes and processes per node each copy runs on (the 32B copy: the rehearsal's own)."""
+
+
+def overrides(model: Path, train: Path, evals: Path, out: Path, preset: str = PRESET) -> list[str]:
+    """Command-line overrides that make ``preset`` (default ``qwen2.5-32b-dapo``) its scaled copy."""
     paths = {"model.path": model, "data.train": train, "data.eval": evals, "output.dir": out}
     found = []
-    for field, (value, _) in {**SCALED, **EXTRA}.items():
+    for field, (value, _) in {**COPIES[preset], **EXTRA}.items():
         found.append(f"{field}={paths[field] if field in paths else value}")
     return found
 

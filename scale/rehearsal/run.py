@@ -447,30 +447,37 @@ def disaggregated(out: Path, overrides: list[str], logs: Path, timeout_s: float)
     }
 
 
-def preset_copy(out: Path, nodes: int, per_node: int, logs: Path, timeout_s: float) -> dict[str, Any]:
-    """``qwen2.5-32b-dapo`` scaled down (:mod:`scale.rehearsal.preset_copy`) on the simulated nodes: it
-    must run its 10 steps with the preset's own settings, evaluate at steps 5 and 10, diagnose
-    at step 10, checkpoint at step 10 and write its tensorboard events."""
+def preset_copy(
+    out: Path, nodes: int, per_node: int, logs: Path, timeout_s: float, preset: str | None = None
+) -> dict[str, Any]:
+    """A full-scale preset (default ``qwen2.5-32b-dapo``) scaled down
+    (:mod:`scale.rehearsal.preset_copy`) on the simulated nodes: it must run its steps with the
+    preset's own settings, evaluate at every ``eval.every``, diagnose at ``diagnose.every_steps``,
+    checkpoint at ``output.checkpoint_every`` and write its tensorboard events."""
     from ..config import load
     from . import preset_copy as pc
 
+    preset = preset or pc.PRESET
     model = out / "preset-model"
     if not model.exists():
         pc.build_model(model)
     train, ev = pc.build_data(out / "preset-data")
-    run = out / "preset-copy"
-    overrides = pc.overrides(model, train, ev, run)
-    cfg = load(pc.PRESET, overrides)
+    run = out / ("preset-copy" if preset == pc.PRESET else f"preset-copy-{preset}")
+    overrides = pc.overrides(model, train, ev, run, preset)
+    cfg = load(preset, overrides)
     t0 = time.monotonic()
     rc = _wait(
-        _launch(run, overrides, nodes, per_node, logs / "preset-copy", ["--fresh"], config=pc.PRESET),
+        _launch(
+            run, overrides, nodes, per_node, logs / run.name.replace(".", "_"), ["--fresh"], config=preset
+        ),
         timeout_s,
-        "the preset's copy",
+        f"{preset}'s copy",
     )
     rows = _metrics(run)
     written = json.loads((run / "config.json").read_text()) if (run / "config.json").is_file() else {}
     steps = cfg.train.steps
     evals = [i + 1 for i, r in enumerate(rows) if f"eval/avg@{cfg.eval.k}" in r]
+    want = list(range(cfg.eval.every, steps + 1, cfg.eval.every))
     diagnosed = [i + 1 for i, r in enumerate(rows) if r.get("health/verdict") is not None]
     gaps = [r.get("mismatch/logp_gap_max") for r in rows]
     checks = {
@@ -478,8 +485,7 @@ def preset_copy(out: Path, nodes: int, per_node: int, logs: Path, timeout_s: flo
         f"{steps} rows": len(rows) == steps,
         "the run's config is the preset's but for the scaled settings": bool(written)
         and written == json.loads(json.dumps(cfg.to_dict(), default=str)),
-        f"evaluated (avg@{cfg.eval.k}) at steps {cfg.eval.every} and {2 * cfg.eval.every}": evals
-        == [cfg.eval.every, 2 * cfg.eval.every],
+        f"evaluated (avg@{cfg.eval.k}) at steps {', '.join(map(str, want))}": evals == want,
         f"diagnosed at step {cfg.diagnose.every_steps}": cfg.diagnose.every_steps in diagnosed,
         f"checkpoint at step {cfg.output.checkpoint_every}": (
             run / "checkpoints" / f"step_{cfg.output.checkpoint_every:06d}" / "trainer_state.json"
@@ -635,6 +641,15 @@ def rehearse(out: Path, nodes: int = 2, per_node: int = 2, timeout_s: float = 90
     report["preset_copy"] = copy
     for name, ok in copy["checks"].items():
         checks[f"qwen2.5-32b-dapo scaled down: {name}"] = ok
+    from . import preset_copy as pc
+
+    for preset, (n, per) in pc.PROCESSES.items():  # the smaller presets, each on its own processes
+        if preset == pc.PRESET:
+            continue
+        small = preset_copy(out, n, per, logs, timeout_s, preset)
+        report[f"preset_copy_{preset}"] = small
+        for name, ok in small["checks"].items():
+            checks[f"{preset} scaled down ({n} x {per} processes): {name}"] = ok
     # the two fault runs side by side: after the fault each only waits for its heartbeat, so
     # one's wait covers the other's training (separate directories, ports and process groups)
     from concurrent.futures import ThreadPoolExecutor
