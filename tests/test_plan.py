@@ -270,3 +270,22 @@ def test_each_rung_fits_its_gpus_and_the_plan_gives_its_hours(capsys, name, gpus
     assert got["assumptions"]["gpu_tflops"] == GPUS[gpu].tflops  # the type's own peak by default
     if gpus * nodes == cfg.rollout.tensor_parallel:  # one engine's GPUs: colocated is the only placement
         assert [r[0] for r in got["placement"]["rows"]] == ["colocated, synchronous"]
+
+
+def test_a_lora_policy_plans_gradients_and_adamw_for_its_adapters_only():
+    """model.lora: the frozen base keeps its fp32 copy, but gradients and AdamW moments are the
+    adapters' (rank x (in + out) per adapted projection, every layer), so 7B fits one GPU."""
+    from scale.ops.fit import GPUS
+
+    cluster = Cluster(1, 1, GPUS["h100-80gb"].memory_gib)
+    no_offload = Strategy(param_offload=False, optimizer_offload=False)
+    a = KNOWN["Qwen/Qwen2.5-Math-7B"]
+    ONE = ["train.sharding=none", "rollout.tensor_parallel=1"]
+    full = plan(load("qwen2.5-math-7b-dapo", ONE), cluster, no_offload)
+    lora = plan(load("qwen2.5-math-7b-dapo", [*ONE, "model.lora.rank=32"]), cluster, no_offload)
+    h, kv, i = a.hidden, a.kv_heads * a.head_dim, a.intermediate
+    want = a.layers * 32 * ((h + h) * 2 + (h + kv) * 2 + (h + i) * 2 + (i + h))
+    assert lora.assumptions["trained_parameters"] == want < a.params() / 50
+    assert lora.per_gpu_gib["AdamW moments (sharded)"] == pytest.approx(8 * want / GiB)
+    assert full.per_gpu_gib["AdamW moments (sharded)"] == pytest.approx(8 * a.params() / GiB)
+    assert not full.fits and lora.train_phase_gib < full.train_phase_gib - 80

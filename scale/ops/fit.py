@@ -83,6 +83,22 @@ class Arch:
         emb = self.vocab * self.hidden
         return emb * (1 if self.tied else 2) + self.layers * self.layer_params() + self.hidden
 
+    def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
+        """Trainable parameters of rank-``rank`` adapters on the named Qwen2 projections:
+        ``rank * (in + out)`` per adapted linear layer, every decoder layer."""
+        h, kv, i = self.hidden, self.kv_heads * self.head_dim, self.intermediate
+        shapes = {
+            "q_proj": (h, h),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (h, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+        per_layer = sum(rank * (a + b) for name, (a, b) in shapes.items() if name in targets)
+        return self.layers * per_layer
+
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
 

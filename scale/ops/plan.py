@@ -95,10 +95,14 @@ def plan(cfg, cluster: Cluster, strategy: Strategy = Strategy()) -> Plan:
     ceiling = strategy.prompt_tokens + algo.max_len
     mb_tokens = strategy.micro_batch_tokens or ceiling
 
+    lora = cfg.model.lora
+    # a LoRA policy trains its adapters only: gradients and AdamW moments for those
+    trained = a.lora_params(lora.rank, tuple(lora.target_modules)) if lora.rank else p
+    held = p + (trained if lora.rank else 0)  # the frozen base and the adapters
     states = {
-        "fp32 parameters (sharded)": 0 if strategy.param_offload else 4 * p / n,
-        "fp32 gradients (sharded)": 4 * p / n,
-        "AdamW moments (sharded)": 0 if strategy.optimizer_offload else 8 * p / n,
+        "fp32 parameters (sharded)": 0 if strategy.param_offload else 4 * held / n,
+        "fp32 gradients (sharded)": 4 * trained / n,
+        "AdamW moments (sharded)": 0 if strategy.optimizer_offload else 8 * trained / n,
     }
     work = {
         "gathered bf16 layers (2)": 2 * 2 * a.layer_params() + (2 * a.vocab * a.hidden if not a.tied else 0),
@@ -188,6 +192,7 @@ def plan(cfg, cluster: Cluster, strategy: Strategy = Strategy()) -> Plan:
             "mean_response_tokens": mean_resp,
             "train_tokens_per_step": train_tokens,
             "generated_tokens_per_step": gen_tokens,
+            "trained_parameters": trained,  # LoRA: the adapters' (training FLOPs still counted in full)
         },
     )
 
