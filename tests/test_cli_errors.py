@@ -386,3 +386,20 @@ def test_a_failed_start_leaves_no_run_behind(capsys, tmp_path, monkeypatch):
     rc, _, err = run(capsys, ["train", "--config", "tiny-cpu", f"output.dir={old}", "--quiet"])
     assert rc == 2
     assert sorted(p.name for p in old.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("field", ["train", "eval"])
+def test_train_missing_data_file_is_named_before_any_model_is_built(capsys, tmp_path, monkeypatch, field):
+    """``dapo train --config tiny-cpu data.train=no_such.jsonl`` names the field and the path,
+    exit 2, at once: not after building the tiny model (a minute), not as an internal error."""
+    need("yaml")
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    start = time.monotonic()
+    for extra in ([], ["--validate-only"]):
+        rc, out, err = run(capsys, ["train", "--config", "tiny-cpu", f"data.{field}=no_such.jsonl", *extra])
+        assert rc == 2 and out == "", err
+        one_line(err, f"data.{field}", "'no_such.jsonl'", "no such data file")
+    assert time.monotonic() - start < 20
+    assert not (tmp_path / "runs").exists()  # no tiny model, no tiny data, no output.dir

@@ -13,7 +13,7 @@ from dapo.cliargs import Float, Int, OutFile, Parser, Text, UsageError
 
 from ..config import config_arguments
 from .fit import GPUS
-from .tiny import ensure_tiny
+from .tiny import ensure_tiny, is_tiny_data
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -96,6 +96,7 @@ def train_main(argv: list[str] | None = None) -> int:
     cfg = load_for_cli("dapo train", args.config, args.overrides)
     if cfg is None:
         return 2
+    _check_data_files(cfg)  # before anything is built (the tiny preset's model takes a minute)
     from ..dist.hub import hub_environment
 
     # one process per node reads the hub: the node's other ranks run offline (before any hub
@@ -211,6 +212,23 @@ def train_main(argv: list[str] | None = None) -> int:
     if leaked:  # such a process can end in a SIGABRT at interpreter exit (scale/dist/topology.py)
         print(f"dapo train: warning: gloo threads {leaked} outlived the process group", file=sys.stderr)
     return 0
+
+
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+"""The data files read locally (anything else is a hub dataset id: :mod:`scale.generator.data`)."""
+
+
+def _check_data_files(cfg) -> None:  # type: ignore[no-untyped-def]
+    """A local data file (``data.train``, ``data.eval``) that does not exist is refused by field
+    and path before anything is built or loaded; the tiny preset's own files, which
+    :func:`scale.ops.tiny.ensure_tiny` builds, are the exception. Their contents are read later."""
+    for field in ("train", "eval"):
+        spec = getattr(cfg.data, field)
+        if not spec or Path(spec).suffix not in DATA_SUFFIXES or is_tiny_data(spec):
+            continue
+        if not Path(spec).is_file():
+            where = "" if Path(spec).is_absolute() else f" (relative to {os.getcwd()})"
+            raise UsageError(f"data.{field}: no such data file: {spec!r}{where}")
 
 
 def _forget_failed_start(out: Path) -> None:

@@ -129,14 +129,25 @@ def build_tiny_data(path: str | Path, n_train: int = 32, n_eval: int = 8, seed: 
     return files[0], files[1]
 
 
+TINY_DATA_FILES = ("train.jsonl", "eval.jsonl")
+"""The files :func:`build_tiny_data` writes into a ``tiny-data`` directory."""
+
+
+def is_tiny_data(spec: str | Path) -> bool:
+    """Whether ``spec`` names one of the tiny preset's data files (``.../tiny-data/train.jsonl``
+    or ``eval.jsonl``), which :func:`ensure_tiny` builds when it is missing."""
+    path = Path(spec)
+    return path.parent.name == "tiny-data" and path.name in TINY_DATA_FILES
+
+
 def ensure_tiny(cfg, model: bool = True) -> None:
     """The tiny-cpu preset builds its random model and data on first use."""
     path = Path(cfg.model.path)
     if model and path.name == "tiny-model" and not path.exists():
         build_tiny_model(path)
-    data = Path(cfg.data.train)
-    if data.parent.name == "tiny-data" and not data.exists():
-        build_tiny_data(data.parent)
+    for spec in (cfg.data.train, cfg.data.eval):
+        if spec and is_tiny_data(spec) and not Path(spec).exists():
+            build_tiny_data(Path(spec).parent)
 
 
 if __name__ == "__main__":
