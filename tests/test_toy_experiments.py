@@ -152,6 +152,33 @@ def test_cli_writes_metrics_summary_and_figure(tmp_path):
     assert (out / "length_bias" / "length_bias.png").stat().st_size > 10_000
 
 
+def test_one_experiment_never_destroys_the_summary_of_another_run(tmp_path, capsys):
+    """``dapo toy run entropy_collapse`` after the main job: its experiment joins
+    ``summary.json`` when that was written at the same settings, and leaves it as it was
+    otherwise (the gate must never read a summary that mixes settings); a summary that lacks
+    one of the four experiments does not pass the gate."""
+    from dapo.cli import main
+    from scale.ops.gate import toy_verdicts
+
+    out = tmp_path / "toy"
+    base = ["--seeds", "2", "--no-confirm", "--out", str(out), "--jobs", "1", "--no-plots", "--quiet"]
+    assert main(["toy", "run", "length_bias", "--steps", "2", *base]) == 0
+    first = json.loads((out / "summary.json").read_text())
+    assert list(first["experiments"]) == ["length_bias"]
+    assert first["missing"] == ["entropy_collapse", "zero_gradient", "truncation_noise"]
+    assert not toy_verdicts(first)[0] and "lacks entropy_collapse" in " ".join(toy_verdicts(first)[1])
+    capsys.readouterr()
+    assert main(["toy", "run", "zero_gradient", "--steps", "2", *base]) == 0  # same settings: merged
+    merged = json.loads((out / "summary.json").read_text())
+    assert merged["experiments"]["length_bias"] == first["experiments"]["length_bias"]
+    assert set(merged["experiments"]) == {"length_bias", "zero_gradient"}
+    assert "merged" in capsys.readouterr().out
+    assert main(["toy", "run", "entropy_collapse", "--steps", "3", *base]) == 0  # another horizon
+    assert json.loads((out / "summary.json").read_text()) == merged
+    assert "left as it was" in capsys.readouterr().out
+    assert (out / "entropy_collapse" / "summary.json").is_file()
+
+
 def test_cli_rejects_bad_arguments(capsys):
     from dapo.cli import main
 

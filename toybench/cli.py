@@ -23,7 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run failure-mode experiments (paired seeds, a discovery and a confirmation block) "
         "and print each arm's verdict against the paper's claim.",
         epilog="exit status: 0 the experiments ran, whatever their verdicts (those are in the table and "
-        "summary.json; `dapo gate write` refuses a summary with a failed claim); 2 bad input.",
+        "summary.json; `dapo gate write` refuses a summary with a failed claim or a missing experiment); "
+        "2 bad input. One experiment joins OUT/summary.json only if that was written at the same seeds, "
+        "--steps and policy; otherwise summary.json is left as it was.",
     )
     run.add_argument("experiment", type=Text(), help="an experiment name (see `dapo toy list`) or `all`")
     _seed_args(run, 10)
@@ -293,6 +295,7 @@ def run(
     brief: bool = False,
 ) -> int:
     from .experiment import run_experiments
+    from .experiments import REGISTRY
     from .output import format_table, write_all
     from .plots import plot_experiment, plotting_available
 
@@ -309,7 +312,8 @@ def run(
         progress=not quiet,
     )
     wall = time.perf_counter() - t0
-    total = write_all(results, out, wall)
+    # `all` writes the gate's summary; one experiment is merged into it only at the same settings
+    total = write_all(results, out, wall, steps=steps, merge={e.name for e in chosen} != set(REGISTRY))
     table = format_table(results)
     if brief and "== verdicts" in table:
         table = (
@@ -321,6 +325,14 @@ def run(
         f"\n{len(results)} experiment(s), {len(results[0].seeds)} seeds per arm, {total['sampled_tokens']:.0f} "
         f"sampled tokens in {wall:.1f} s wall ({total['sampled_tokens'] / wall:.0f} tokens/s); results in {out}/"
     )
+    if total["summary"] == "merged":
+        print(f"{out}/summary.json: merged with the experiments run before at the same settings")
+    elif total["summary"] == "kept":
+        print(
+            f"{out}/summary.json left as it was: it was written at other settings (seeds, --steps, "
+            f"policy) or by another version; this run's: "
+            + ", ".join(f"{out}/{r.experiment.name}/summary.json" for r in results)
+        )
     if plots:
         if plotting_available():
             paths = [
@@ -391,7 +403,7 @@ def _suite(args, argv) -> int:
         steps=args.steps,
     )
     command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
-    paths = write_suite(result, args.out, command, plots=not args.no_plots)
+    paths = write_suite(result, args.out, command, plots=not args.no_plots, steps=args.steps)
     for name in ("ladder", "off_policy"):
         print(markdown_as_text(paths[name].read_text(), tables=1))
     table = format_table(result.families["prompt_selection"])

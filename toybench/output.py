@@ -137,7 +137,31 @@ def format_table(results: list[ExperimentResult]) -> str:
     return "\n".join(lines)
 
 
-def write_all(results: list[ExperimentResult], out: Path, wall_seconds: float) -> dict[str, Any]:
+def run_settings(results: list[ExperimentResult], steps: int | None) -> dict[str, Any]:
+    """What makes two runs' contrasts comparable: the seed blocks, the policy and the horizon
+    override (``--steps``; None: each experiment's own horizon)."""
+    return {"blocks": results[0].blocks, "policy": results[0].policy, "steps": steps}
+
+
+def write_all(
+    results: list[ExperimentResult],
+    out: Path,
+    wall_seconds: float,
+    steps: int | None = None,
+    merge: bool = False,
+) -> dict[str, Any]:
+    """Each experiment's ``metrics.jsonl`` and ``summary.json`` under ``out/<experiment>/``,
+    and ``out/summary.json``: every experiment's verdict and contrasts, the run's settings
+    (:func:`run_settings`) and the paper's experiments it lacks (``missing``: the gate refuses
+    a summary that lacks one).
+
+    ``merge`` (a run of some experiments, not ``all``): an ``out/summary.json`` written at the
+    same settings keeps its other experiments and takes these; one written at other settings
+    (or by an older version, without settings) is left as it was, so that one summary never
+    mixes settings and another command's results are never lost. The returned mapping says
+    which: ``summary`` is ``written``, ``merged`` or ``kept``."""
+    from .experiments import REGISTRY
+
     out.mkdir(parents=True, exist_ok=True)
     summaries = []
     for r in results:
@@ -146,15 +170,43 @@ def write_all(results: list[ExperimentResult], out: Path, wall_seconds: float) -
         s = summary_dict(r)
         (d / "summary.json").write_text(json.dumps(s, indent=2))
         summaries.append(s)
+    settings = run_settings(results, steps)
+    experiments = {
+        s["experiment"]: {
+            "verdict": s["verdict"],
+            "contrasts": s["contrasts"],
+            "sampled_tokens": s["sampled_tokens"],
+        }
+        for s in summaries
+    }
+    path, state = out / "summary.json", "written"
+    before = _read_summary(path) if merge and path.is_file() else None
+    if before is not None and before.get("settings") == settings:
+        experiments = {**before["experiments"], **experiments}
+        wall_seconds += before.get("wall_seconds", 0.0)
+        state = "merged"
+    elif merge and path.is_file():
+        state = "kept"
     total = {
         "wall_seconds": round(wall_seconds, 2),
-        "sampled_tokens": sum(s["sampled_tokens"] for s in summaries),
-        "experiments": {
-            s["experiment"]: {"verdict": s["verdict"], "contrasts": s["contrasts"]} for s in summaries
-        },
+        "sampled_tokens": sum(e.get("sampled_tokens", 0.0) for e in experiments.values()),
+        "settings": settings,
+        "missing": [name for name in REGISTRY if name not in experiments],
+        "experiments": experiments,
     }
-    (out / "summary.json").write_text(json.dumps(total, indent=2))
-    return total
+    if state != "kept":
+        path.write_text(json.dumps(total, indent=2))
+    return {**total, "sampled_tokens": sum(s["sampled_tokens"] for s in summaries), "summary": state}
+
+
+def _read_summary(path: Path) -> dict[str, Any] | None:
+    """``out/summary.json`` as :func:`write_all` wrote it, or None (unreadable, another shape)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and isinstance(data.get("experiments"), dict)
+    return data if ok else None
 
 
 def markdown_as_text(markdown: str, tables: int | None = None) -> str:

@@ -72,7 +72,9 @@ def run_suite(
     return SuiteResult(out, wall, stats["runs"], stats["run_ids"])
 
 
-def write_suite(result: SuiteResult, out: Path, command: str, plots: bool = True) -> dict[str, Path]:
+def write_suite(
+    result: SuiteResult, out: Path, command: str, plots: bool = True, steps: int | None = None
+) -> dict[str, Path]:
     """Each family's files, as its own command writes them; returns each family's report."""
     from .ladder_report import write_ladder
     from .off_policy_report import write_report
@@ -83,7 +85,7 @@ def write_suite(result: SuiteResult, out: Path, command: str, plots: bool = True
     draw = plots and plotting_available()
     paths: dict[str, Path] = {}
     for name in ("toy", "prompt_selection"):
-        write_all(f[name], out / name, wall)
+        write_all(f[name], out / name, wall, steps=steps)
         paths[name] = out / name / "summary.json"
         if draw:
             for r in f[name]:

@@ -62,6 +62,10 @@ def toy_verdicts(summary: dict) -> tuple[bool, list[str]]:
                 problems.append(f"{name}: control '{c['name']}' {c['verdict']}")
     if not summary.get("experiments"):
         problems.append("the toy summary holds no experiments")
+    missing = summary.get("missing") or []  # the paper's experiments it lacks (toybench.output.write_all)
+    if missing:
+        names = ", ".join(map(str, missing)) if isinstance(missing, list) else str(missing)
+        problems.append(f"the toy summary lacks {names} (run `dapo toy run all` or `nox -s toy`)")
     return not problems, problems
 
 
