@@ -237,18 +237,18 @@ BROKEN: dict[str, str] = {
     "nan_when_fully_masked": "contract (fully_masked)",
     "padding_counted": "contract (padding)",
     "mask_shifted": "contract (padding)",
-    "optimistic_bound": "claims to protect against entropy_collapse but harms",
+    "optimistic_bound": "claims (DAPO's, by default) to protect against entropy_collapse but harms",
     "min_before_advantage": "ignores eps_low",
     "advantage_batch_mean": "cannot judge protection on entropy_collapse's task: learns too little",
     "dual_clip_everywhere": "contract (dual_clip)",
-    "swapped_bounds": "claims to protect against entropy_collapse but harms",
+    "swapped_bounds": "claims (DAPO's, by default) to protect against entropy_collapse but harms",
     "ratio_to_detached_self": "ignores eps_low",
     "sum_not_mean": "ignores loss_agg",
     # issue 46: they passed by learning almost nothing (or, the KL, on lucky seeds)
     "double_normalised": "cannot judge protection on entropy_collapse's task: learns too little",
     "first_token_only": "cannot judge protection on entropy_collapse's task: learns too little",
     "near_frozen": "cannot judge protection on entropy_collapse's task: learns too little",
-    "wrong_sign_kl": "claims to protect against entropy_collapse",
+    "wrong_sign_kl": "claims (DAPO's, by default) to protect against entropy_collapse",
 }
 """Losses the check runs and fails (exit 1)."""
 

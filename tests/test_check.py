@@ -226,3 +226,20 @@ def test_the_staleness_axis_on_built_in_peer_and_user_losses(tmp_path):
         assert by["verl:vanilla"]["values"]["candidate"] == pytest.approx(
             by["dapo"]["values"]["candidate"], rel=1e-6
         )
+
+
+def test_a_user_loss_that_declares_no_claims_is_said_to_be_held_to_dapos(capsys):
+    """A ``module:function`` claims nothing itself: wherever the output names a claim it says
+    the claim is DAPO's, by default; with ``--claims`` the claim is the user's own."""
+    args = ["toy", "check", "broken_losses:swapped_bounds", "--modes", "entropy_collapse", "--seeds", "3"]
+    args += ["--no-confirm", "--jobs", "1", "--quiet"]
+    assert dapo_main(args) == 1
+    out = capsys.readouterr().out
+    assert "- claims (DAPO's, by default) to protect against entropy_collapse but harms" in out
+    assert "  yes (DAPO's, by default)  " in out  # the table's "claimed" column
+    assert "FAIL: does not protect (DAPO's claims, by default): entropy_collapse" in out
+    assert "- claims to protect against" not in out
+    assert dapo_main([*args, "--claims", "entropy_collapse"]) == 1
+    out = capsys.readouterr().out
+    assert "- claims to protect against entropy_collapse but harms (claims: --claims)" in out
+    assert "DAPO's, by default" not in out

@@ -249,6 +249,12 @@ class LossResult:
     (the default for a user function that declares none)."""
 
     @property
+    def dapo_claims(self) -> bool:
+        """The claims are DAPO's, given by default to a user function that declares none (not
+        the loss's own, nor chosen with ``--claims``): the output says so wherever it names one."""
+        return self.claims_from.startswith("DAPO's")
+
+    @property
     def ignored(self) -> list[str]:
         """Knobs the loss says it acts on but does not."""
         return [k for k in self.loss.honours if self.probe[k] is False]
@@ -276,8 +282,9 @@ class LossResult:
                     "runs: the loss or its gradient is not finite there"
                 )
             if m.failed and lg.learns:
+                whose = " (DAPO's, by default)" if self.dapo_claims else ""
                 out.append(
-                    f"claims to protect against {m.mode} but {m.protection}"
+                    f"claims{whose} to protect against {m.mode} but {m.protection}"
                     + (f" ({_block_verdicts(m)})" if m.protection == FRAGILE else "")
                     + f" (claims: {self.claims_from})"
                 )
@@ -295,7 +302,7 @@ class LossResult:
             ("learns too little", [m.mode for m in self.modes.values() if not m.learning.learns]),
             ("skips steps", [m.mode for m in self.modes.values() if m.learning.skips]),
             (
-                "does not protect",
+                "does not protect" + (" (DAPO's claims, by default)" if self.dapo_claims else ""),
                 [f"{m.mode} ({m.protection})" for m in self.modes.values() if m.failed and m.learning.learns],
             ),
         ):
@@ -644,6 +651,14 @@ def _fmt_gain(iv: Interval) -> str:
     return _fmt_iv(iv)
 
 
+def _claimed_cell(r: LossResult, m: ModeResult) -> str:
+    """``yes`` where the loss claims the mode; ``yes (DAPO's, by default)`` where the claim is
+    DAPO's, given to a user function that declares none."""
+    if not m.claimed:
+        return ""
+    return "yes (DAPO's, by default)" if r.dapo_claims else "yes"
+
+
 def _learns_cell(m: ModeResult) -> str:
     lg = m.learning
     mine, dapo = lg.gain["discovery"], lg.reference["discovery"]
@@ -684,7 +699,7 @@ def format_table(results: Sequence[LossResult]) -> str:
             fail = m.failed or not m.learning.learns
             lines.append(
                 f"| `{r.loss.spec}` | {name}{dagger} ({mode.fix_name}, {read} {mode.better}) "
-                f"| {'yes' if m.claimed else ''} | {_learns_cell(m)} | {m.protection}{' **FAIL**' if fail else ''} "
+                f"| {_claimed_cell(r, m)} | {_learns_cell(m)} | {m.protection}{' **FAIL**' if fail else ''} "
                 f"| {_fmt_iv(m.effect['discovery'])} | {m.vs_fix} | {_share_cell(m)} |"
             )
     if any(not MODES[n].loss_can_act for r in results for n in r.modes):
