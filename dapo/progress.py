@@ -17,7 +17,8 @@ class Progress:
     Draws nothing for the first ``delay`` seconds (short runs stay quiet) and nothing when
     ``enabled`` is False. On a terminal (or with ``force``) it redraws one bar at most every
     0.1 s; elsewhere (CI logs, ``nox``) it writes a plain line every ``log_every`` seconds, so
-    that a long run is never silent and a log never fills with carriage returns."""
+    that a long run is never silent and a log never fills with carriage returns. ``plain``:
+    those lines even on a terminal, never a bar (a ``--quiet`` command's sign of life)."""
 
     def __init__(
         self,
@@ -30,13 +31,14 @@ class Progress:
         force: bool = False,
         log_every: float = 30.0,
         start: int = 0,
+        plain: bool = False,
     ):
         self.total = max(1, total)
         self.start = min(max(0, start), self.total)
         self.status = ""
         self.label = label
         self.stream = stream or sys.stderr
-        self.tty = force or getattr(self.stream, "isatty", lambda: False)()
+        self.tty = not plain and (force or getattr(self.stream, "isatty", lambda: False)())
         self.enabled = enabled
         self.delay = delay if self.tty else max(delay, log_every / 3)
         self.log_every = log_every

@@ -380,6 +380,28 @@ def test_progress_bar_on_a_terminal_and_in_a_log():
     assert late.getvalue() == ""
 
 
+def test_quiet_toy_commands_still_say_how_far_they_are(capsys, monkeypatch, tmp_path):
+    """``--quiet`` drops the bar, not every sign of life: a plain progress line every 30 s
+    (``$DAPO_QUIET_PROGRESS_S``; 0 here) on stderr, on a terminal too (``nox -s toy``, the
+    off-policy family: minutes of work); a short run prints none at the default interval."""
+    from dapo.cli import main as dapo_main
+    from toybench.scheduler import QUIET_EVERY_S, quiet_every
+
+    args = ["toy", "run", "length_bias", "--seeds", "2", "--steps", "4", "--no-confirm", "--jobs", "1"]
+    args += ["--quiet", "--no-plots", "--out", str(tmp_path / "toy")]
+    monkeypatch.setenv("DAPO_QUIET_PROGRESS_S", "0")
+    assert dapo_main(args) == 0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("toy runs: ")]
+    assert lines and " after " in lines[0] and "\r" not in err, err
+    monkeypatch.delenv("DAPO_QUIET_PROGRESS_S")
+    assert quiet_every() == QUIET_EVERY_S == 30.0
+    assert dapo_main(args) == 0
+    assert "toy runs" not in capsys.readouterr().err  # a few seconds: nothing to report
+    monkeypatch.setenv("DAPO_QUIET_PROGRESS_S", "soon")
+    assert quiet_every() == QUIET_EVERY_S
+
+
 def test_a_failing_worker_is_reported_not_hung():
     from toybench.scheduler import Job, execute
 

@@ -11,6 +11,11 @@ from dapo.cliargs import Int, OutDir, OutFile, Parser, Text, UsageError
 
 from .check_words import VERDICTS
 
+QUIET_HELP = (
+    "no progress bar; still a plain progress line every 30 s ($DAPO_QUIET_PROGRESS_S): never silent minutes"
+)
+"""``--quiet`` of the toy commands (:func:`toybench.scheduler.quiet_every`)."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="dapo toy", description="Toy regime: DAPO's failure modes on a CPU.")
@@ -158,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--all --out reports/losses",
     )
     c.add_argument("--jobs", type=Int(lo=1), default=None, help="worker processes (default: the CPU count)")
-    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.add_argument("--quiet", action="store_true", help=QUIET_HELP)
     for name, help_, seeds in (
         ("ladder", "the six Table-1 presets in order on the composite task", 10),
         ("factorial", "all 2^5 combinations of the five techniques", 5),
@@ -203,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _common(p: argparse.ArgumentParser, out: str, note: str = "") -> None:
     p.add_argument("--out", type=OutDir(), default=out, help=f"output directory (default {out}{note})")
     p.add_argument("--jobs", type=Int(lo=1), default=None, help="worker processes (default: the CPU count)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help=QUIET_HELP)
 
 
 def _seed_args(p: argparse.ArgumentParser, default: int) -> None:

@@ -120,6 +120,21 @@ def _worker(jobs: list[Job], cursor, counter, results, parent: int) -> None:
             return
 
 
+QUIET_EVERY_S = 30.0
+"""Seconds between the progress lines of a ``--quiet`` toy command (``$DAPO_QUIET_PROGRESS_S``
+overrides it): quiet drops the bar, never every sign of life."""
+
+
+def quiet_every() -> float:
+    """:data:`QUIET_EVERY_S`, or ``$DAPO_QUIET_PROGRESS_S`` (seconds, >= 0) where set."""
+    raw = os.environ.get("DAPO_QUIET_PROGRESS_S", "")
+    try:
+        value = float(raw) if raw else QUIET_EVERY_S
+    except ValueError:
+        return QUIET_EVERY_S
+    return value if value >= 0 and math.isfinite(value) else QUIET_EVERY_S
+
+
 def execute(
     jobs: list[Job], workers: int = 1, label: str = "toy runs", show_progress: bool = True
 ) -> list[tuple[list[tuple[RunId, Log]], float]]:
@@ -127,7 +142,11 @@ def execute(
     import torch
 
     total = sum(j.run_steps for j in jobs)
-    bar = Progress(total, label, enabled=show_progress)
+    if show_progress:
+        bar = Progress(total, label)
+    else:  # --quiet: no bar, but never silent minutes: a plain line every QUIET_EVERY_S
+        every = quiet_every()
+        bar = Progress(total, label, plain=True, log_every=every, delay=every / 3)
     done: dict[int, tuple[list[tuple[RunId, Log]], float]] = {}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
