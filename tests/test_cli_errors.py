@@ -290,6 +290,20 @@ def test_fresh_deletes_only_a_previous_run(tmp_path):
     assert (other / "chapter1.tex").exists()
 
 
+def test_a_previous_run_is_refused_with_the_two_ways_on(tmp_path):
+    """A start over a previous run in output.dir (without --resume) is refused, naming both
+    ways on: --resume auto (continue it) and --fresh (start over)."""
+    need("torch")
+    from scale.learner.checkpoint import resume_point
+
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(FileExistsError) as err:
+        resume_point(None, tmp_path, None, print)
+    message = str(err.value)
+    assert "\n" not in message and str(tmp_path) in message
+    assert "--resume auto" in message and "--fresh" in message
+
+
 def test_os_error_on_a_file_names_the_file(capsys, tmp_path, monkeypatch):
     """A file the system refuses (read-only mount, full disk) is one line naming the file."""
     monkeypatch.chdir(tmp_path)

@@ -253,7 +253,7 @@ def resume_point(cfg: Any, out: Path, resume: str | None, log: Any) -> tuple[Pat
         elif latest(out) is not None or (out / "metrics.jsonl").is_file():
             raise FileExistsError(
                 f"{out} holds a previous run (checkpoints or metrics.jsonl); continue it "
-                "with --resume auto, or choose another output.dir"
+                "with --resume auto, start over with --fresh (deletes it), or choose another output.dir"
             )
         return None
     state = load_trainer_state(path)
