@@ -417,3 +417,30 @@ def test_train_missing_data_file_is_named_before_any_model_is_built(capsys, tmp_
         one_line(err, f"data.{field}", "'no_such.jsonl'", "no such data file")
     assert time.monotonic() - start < 20
     assert not (tmp_path / "runs").exists()  # no tiny model, no tiny data, no output.dir
+
+
+def test_train_says_where_it_writes_and_how_it_is_placed(capsys, tmp_path, monkeypatch):
+    """At its start (rank 0, before any model is built) ``dapo train`` says its placement and
+    where it writes, in one line; a disaggregated run names its learners, its generator
+    processes and max_staleness."""
+    need("yaml", "torch", "transformers")
+    from scale import trainer as trainer_mod
+    from scale.config import load
+    from scale.ops.cli import placement_line
+
+    def fail(*args, **kwargs):  # stop at the Trainer: the line comes before it
+        raise trainer_mod.DataError([("data.train", 3, "answer", "not an integer")])
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(trainer_mod, "Trainer", fail)
+    rc, _, err = run(capsys, ["train", "--config", "tiny-cpu", "model.path=m", "--quiet"])
+    assert rc == 2
+    assert err.splitlines()[0] == (
+        "dapo train: colocated, 1 process, output runs/tiny-cpu (metrics.jsonl, checkpoints/)"
+    ), err
+    disaggregated = ["rollout.mode=disaggregated", "rollout.generators=2", "rollout.max_staleness=2"]
+    cfg = load("tiny-cpu", [*disaggregated, "eval.every=0", "output.dir=runs/d"])
+    assert placement_line(cfg, 2) == (
+        "dapo train: disaggregated: 2 learners, 2 generator processes, max_staleness 2, "
+        "output runs/d (metrics.jsonl, checkpoints/)"
+    )

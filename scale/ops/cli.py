@@ -84,6 +84,27 @@ def _say_staleness(cfg) -> None:  # type: ignore[no-untyped-def]
     print(f"dapo train: {word}: {found.message}", file=sys.stderr)
 
 
+def _plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
+def placement_line(cfg, world: int) -> str:  # type: ignore[no-untyped-def]
+    """Where a run writes and how it is placed, said once at its start: ``dapo train:
+    colocated, 1 process, output runs/tiny-cpu (metrics.jsonl, checkpoints/)``; a
+    disaggregated run names its learners, its generator processes and ``max_staleness``."""
+    r = cfg.rollout
+    if cfg.disaggregated:
+        procs = r.generators * r.tensor_parallel
+        tp = f" (tensor_parallel {r.tensor_parallel})" if r.tensor_parallel > 1 else ""
+        how = (
+            f"disaggregated: {_plural(world, 'learner')}, {_plural(procs, 'generator process', 'generator processes')}"
+            f"{tp}, max_staleness {r.max_staleness}"
+        )
+    else:
+        how = f"colocated, {_plural(world, 'process', 'processes')}"
+    return f"dapo train: {how}, output {cfg.output.dir} (metrics.jsonl, checkpoints/)"
+
+
 def train_main(argv: list[str] | None = None) -> int:
     args = train_parser().parse_args(argv)
     quiet_environment(args.verbose)  # before anything imports torch
@@ -143,6 +164,7 @@ def train_main(argv: list[str] | None = None) -> int:
     first_rank = os.environ.get("RANK", "0") == "0"  # torchrun, accelerate and SLURM launches set RANK
     new_dir = False
     if first_rank:
+        print(placement_line(cfg, int(os.environ.get("WORLD_SIZE", "1"))), file=sys.stderr)
         if args.fresh:
             _clear_previous_run(out)
         new_dir = not out.exists()
