@@ -591,5 +591,5 @@ def test_dapo_train_with_a_missing_data_file_is_one_line_and_exit_2(tmp_path):
     )
     assert r.returncode == 2, r.stderr[-2000:]
     lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert lines[-1] == f"dapo train: data file not found: {tmp_path / 'no_such.jsonl'}", lines
+    assert lines[-1] == f"dapo train: data.train: no such data file: '{tmp_path / 'no_such.jsonl'}'", lines
     assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()  # a failed start leaves nothing
