@@ -97,24 +97,11 @@ SCALED_7B: dict[str, tuple[object, str]] = {
 engine of 2 as the preset's (FSDP2 without offload, bf16 engine and compute)."""
 
 SCALED_1_5B: dict[str, tuple[object, str]] = {
-    **{k: SCALED_7B[k] for k in ("model.path", "data.train", "data.eval", "output.dir")},
-    "algo.expected_len": (16, "token budget /128: 2,048 -> 16"),
-    "algo.cache_len": (8, "token budget /128: 1,024 -> 8 (ceiling 24 = 3,072 / 128)"),
+    **SCALED_7B,  # the same context, horizon and micro-batches; the batch and the buckets differ
     "algo.train_groups": (2, "2 prompt groups instead of 64 on the one process"),
     "algo.mini_batch_groups": (1, "2 optimizer steps per rollout instead of 4"),
     "rollout.gen_groups": (3, "1.5 x train_groups, the preset's ratio (96 / 64)"),
-    "rollout.max_model_len": (
-        64,
-        "a tiny prompt + the 24-token ceiling (the preset: the model's 4,096 positions)",
-    ),
     "rollout.sync_bucket_mb": (0.25, "several buckets for a 0.4 MB model, as 512 MB buckets for 3 GB"),
-    "model.logprob_chunk": (8, "chunks shorter than a response, as 1,024 of 3,072"),
-    "train.steps": (10, "to the first evaluation, diagnosis and checkpoint (step 10)"),
-    "train.max_tokens_per_micro_batch": (
-        48,
-        "one 24-token response plus its prompt fits, as 8,192 for 3,072 + 1,024",
-    ),
-    "output.checkpoint_every": (10, "the first checkpoint inside the copy's 10 steps (the preset: 20)"),
 }
 """``qwen2.5-math-1.5b-dapo``'s copy: one process, no sharding, as the preset's one GPU."""
 
