@@ -15,6 +15,7 @@
     nox -s bench_toy    the toy speed benchmark -> benchmarks/results/toy_speed.json
     nox -s mutation     on demand, not in CI: seeded bugs + mutmut -> reports/mutation/
     nox -s lint         ruff (lint + format check) and mypy (strict on dapo/); CI runs it
+    nox -s docs         the documentation site, built strictly (mkdocs.yml) into runs/site; CI runs it
 
 The progression: ``nox -s tests toy report scale_smoke rehearsal`` on any machine, then ``nox -s scale
 -- --config qwen2.5-32b-dapo`` on the cluster (``-- --force`` overrides the gate, loudly).
@@ -80,14 +81,32 @@ def _stamp(extras: str) -> str:
     return hashlib.sha256("\n".join([text, extras, TORCH, *PEERS, *UNUSED]).encode()).hexdigest()
 
 
-def _install(session: nox.Session, extras: str) -> None:
-    """Install torch and the package with ``extras``, once: a reused environment whose stamp
-    matches (:func:`_stamp`) skips pip altogether (its checks alone took ~15 s a session)."""
+def _marker(session: nox.Session) -> Path | None:
+    """The file in the session's environment that records what was installed there."""
     venv = getattr(session.virtualenv, "location", None)
-    marker = Path(venv) / ".dapo-installed" if venv else None
-    stamp = _stamp(extras)
+    return Path(venv) / ".dapo-installed" if venv else None
+
+
+def _installed(session: nox.Session, stamp: str) -> bool:
+    """Whether the (reused) environment already holds what ``stamp`` describes: then pip is
+    skipped altogether (its checks alone took ~15 s a session)."""
+    marker = _marker(session)
     if marker is not None and marker.is_file() and marker.read_text() == stamp:
-        session.log(f"{venv}: already holds {TORCH} and .[{extras}] (pyproject.toml unchanged); no pip")
+        session.log(f"{marker.parent}: already installed (pyproject.toml unchanged); no pip")
+        return True
+    return False
+
+
+def _record(session: nox.Session, stamp: str) -> None:
+    marker = _marker(session)
+    if marker is not None:
+        marker.write_text(stamp)
+
+
+def _install(session: nox.Session, extras: str) -> None:
+    """Install torch and the package with ``extras``, once (:func:`_installed`, :func:`_stamp`)."""
+    stamp = _stamp(extras)
+    if _installed(session, stamp):
         return
     session.log(f"installing {TORCH} and .[{extras}] (the first time: minutes, pip is quiet meanwhile)")
     session.install(TORCH)
@@ -96,8 +115,7 @@ def _install(session: nox.Session, extras: str) -> None:
         session.install("--no-deps", *PEERS)
     if "scale-cpu" in extras:
         session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *UNUSED)
-    if marker is not None:
-        marker.write_text(stamp)
+    _record(session, stamp)
 
 
 def _config(session: nox.Session, default: str) -> tuple[str, list[str]]:
@@ -310,6 +328,26 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs.yml) built strictly into runs/site: a broken link or
+    anchor, a page left out of the nav or an API block that does not resolve fails it. Installs
+    the ``docs`` extra's packages only: mkdocstrings reads the docstrings without importing the
+    code, so neither torch nor the package is needed. The generated pages (docs/reference/)
+    are compared with their generator by tests/test_docs_reference.py in ``nox -s tests``."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: nox's own dependency
+        import tomli as tomllib
+    project = tomllib.loads(Path(__file__).with_name("pyproject.toml").read_text())["project"]
+    requirements = project["optional-dependencies"]["docs"]
+    stamp = _stamp("docs (without the package)")
+    if not _installed(session, stamp):
+        session.install(*requirements)
+        _record(session, stamp)
+    session.run("mkdocs", "build", "--strict", "--site-dir", "runs/site", env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session

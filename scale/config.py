@@ -100,6 +100,7 @@ class DataConfig:
     train_split: str = "train"
     """Split of a hub dataset (ignored for local files)."""
     eval_split: str = "train"
+    """Split of the evaluation set when it is a hub dataset (ignored for local files)."""
     prompt_key: str | None = None
     """Field holding the problem; None detects ``prompt`` / ``problem`` / ``question`` (a
     chat-format list takes its last user message)."""
@@ -205,10 +206,13 @@ class TrainConfig:
     warmup_steps: int = 20
     """Linear warm-up, in training steps (the paper: 20 rollout steps)."""
     weight_decay: float = 0.1
+    """AdamW weight decay (the paper: 0.1)."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's (beta1, beta2)."""
     micro_batch_size: int = 4
     """Responses per forward/backward (memory only; the update is exact for any value)."""
     seed: int = 0
+    """Seed of torch's global RNG on every rank and of LoRA's adapter initialisation."""
     mixed_precision: str = "no"
     """Compute precision of forward and backward: ``no`` (the master dtype) or ``bf16``
     (bf16 autocast under DDP; FSDP2's ``MixedPrecisionPolicy`` with bf16 parameters and fp32
@@ -257,7 +261,9 @@ class EvalConfig:
     k: int = 32
     """Samples per problem (avg@k, pass@k, cons@k); the paper reports avg@32."""
     temperature: float = 1.0
+    """Sampling temperature of the evaluation (training always samples at 1.0)."""
     top_p: float = 0.7
+    """Nucleus sampling of the evaluation (the paper's 0.7); must lie in (0, 1]."""
     max_new_tokens: int | None = None
     """None: the algorithm's generation ceiling."""
     limit: int | None = None
@@ -267,9 +273,11 @@ class EvalConfig:
 @dataclass(frozen=True)
 class OutputConfig:
     dir: str = "runs/scale"
+    """Where the run writes: ``metrics.jsonl``, ``checkpoints/`` and the trackers' files."""
     checkpoint_every: int = 10
     """Training steps between checkpoints (0: only at the end)."""
     keep_checkpoints: int = 2
+    """Checkpoints kept on disk: after each save the oldest beyond this many are deleted; >= 1."""
     trackers: tuple[str, ...] = ()
     """accelerate trackers besides the JSONL log: ``tensorboard``, ``wandb``."""
     trace_rollouts: bool = False
@@ -288,13 +296,23 @@ class DiagnoseConfig:
 @dataclass(frozen=True)
 class RunConfig:
     algo: AlgoConfig
+    """The DAPO objective's knobs (:class:`dapo.config.AlgoConfig`); a field left out keeps its
+    default (the paper's recipe)."""
     model: ModelConfig
+    """The policy: weights, master dtype, memory options, LoRA."""
     data: DataConfig
+    """Training and evaluation prompts and how they become token sequences."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation: the engine, its memory, the weight sync, and where it runs (colocated or
+    disaggregated)."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """The learner: steps, optimizer, micro-batches, sharding, timeouts and heartbeat."""
     eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation during training and the defaults of ``dapo eval``."""
     output: OutputConfig = field(default_factory=OutputConfig)
+    """The run's directory, checkpoints and trackers."""
     diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
+    """The live diagnosis of the run (``dapo.health``)."""
 
     @property
     def gen_groups(self) -> int:
