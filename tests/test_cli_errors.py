@@ -231,7 +231,7 @@ def test_eval_tokenizer_without_chat_template(capsys, tmp_path, monkeypatch):
 
 
 def test_eval_names_max_new_tokens_when_the_model_context_is_too_short(capsys, tmp_path, monkeypatch):
-    """The README's CPU run evaluates a model with a 512-token context: the default
+    """The docs' CPU run (docs/getting-started/full-regime-cpu.md) evaluates a model with a 512-token context: the default
     --max-new-tokens 20480 is refused in one line naming the option and what fits, before any
     engine starts (vLLM's own refusal was three lines of pydantic naming max_model_len)."""
     need("yaml", "transformers")

@@ -123,6 +123,6 @@ def test_validate_only_prints_the_committed_tables_word(tmp_path):
     ],
 )
 def test_the_committed_table_says_what_the_readme_says(overrides, status):
-    """The README's off-policy section quotes these three verdicts of the committed table."""
+    """docs/how-to/disaggregated.md quotes these three verdicts of the committed table."""
     found = lookup(cfg(*overrides))
     assert found is not None and found.status == status, found

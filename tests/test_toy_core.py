@@ -127,7 +127,7 @@ def test_tasks_have_their_documented_design():
 
 
 # A change to a task is a change to its experiment: the committed toy results and the
-# README's tables were measured on these exact tasks. Update the digest together with them.
+# docs' result tables were measured on these exact tasks. Update the digest together with them.
 TASK_DIGESTS = {
     "entropy": "5926f09dafbca6cc",
     "zero_grad": "828f47830209a168",

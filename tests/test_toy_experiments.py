@@ -2,7 +2,7 @@
 
 Primary effects must be reproduced with a 95% interval excluding zero, controls must show
 no effect, and the secondary findings far from the decision boundary (including the ones
-that go against the paper) must stay as recorded in the closing note and README."""
+that go against the paper) must stay as recorded in the closing note and docs/results/failure-modes.md."""
 
 import json
 

@@ -1,5 +1,5 @@
 """The toy regime's prompt selection (issue 33): the runner's stream and selection, the drift,
-and the experiment's headline at a reduced seed count (the full table: README, from
+and the experiment's headline at a reduced seed count (the full table: docs/results/prompt-selection.md, from
 ``dapo toy run prompt_selection --seeds 10``)."""
 
 from dataclasses import replace

@@ -1,7 +1,7 @@
 """verl's and TRL's policy losses, called through their own code, behind the loss interface.
 
 Both are optional (the ``peers`` extra, then ``pip install --no-deps verl==0.9.1
-trl==1.16.0``; README). Tested with verl 0.9.1 and TRL 1.16.0.
+trl==1.16.0``; docs/how-to/bring-your-own-loss.md). Tested with verl 0.9.1 and TRL 1.16.0.
 
 verl: ``verl.trainer.ppo.core_algos.get_policy_loss_fn(name)`` is called with an
 ``ActorConfig`` built from the run's knobs: ``clip_ratio``/``clip_ratio_low`` =
