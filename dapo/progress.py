@@ -11,8 +11,9 @@ from typing import TextIO
 
 class Progress:
     """``Progress(total, label)``; ``update(done, status)`` with the absolute count and an
-    optional short status (``acc=0.41 ent=0.32``); ``close()``. ``start`` is where a resumed
-    run begins: the time left is estimated from the work done since.
+    optional short status (``acc=0.41 ent=0.32``); ``close()``, or ``with Progress(...) as bar:``
+    (closed however the block ends: an interrupt's message then starts on a line of its own).
+    ``start`` is where a resumed run begins: the time left is estimated from the work done since.
 
     Draws nothing for the first ``delay`` seconds (short runs stay quiet) and nothing when
     ``enabled`` is False. On a terminal (or with ``force``) it redraws one bar at most every
@@ -45,7 +46,15 @@ class Progress:
         self.t0 = time.perf_counter()
         self.last = 0.0
         self.drawn = False
+        self.shown: tuple[int, str] | None = None
+        """(done, status) of the bar on screen."""
         self.done = self.start
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _eta(self, elapsed: float) -> str:
         worked = (self.done - self.start) / self.total
@@ -87,6 +96,7 @@ class Progress:
         )
         self.stream.flush()
         self.drawn = True
+        self.shown = (self.done, self.status)
 
     def clear(self) -> None:
         """Erase a bar drawn on a terminal, so that a line printed next starts clean (the next
@@ -94,9 +104,13 @@ class Progress:
         if self.drawn and self.tty and self.enabled:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
+            self.shown = None
 
     def close(self) -> None:
+        """End a bar drawn on a terminal: its last state (drawn again only if it changed since)
+        and a newline."""
         if self.drawn and self.tty:
-            self.update(self.done, self.status)
+            if self.shown != (self.done, self.status):
+                self.update(self.done, self.status)
             self.stream.write("\n")
             self.stream.flush()

@@ -187,41 +187,44 @@ class Trainer:
 
         # a bar on a terminal; in a redirected log a plain line per step, at most one per 30 s
         self.placement.start(self.step, end)
-        bar = Progress(end, "dapo train", enabled=self.acc.is_main_process and self.progress, start=self.step)
-        while self.step < end:
-            m = self._reduce_metrics(self.train_step())
-            self.totals["responses"] += m["sampling/generated_groups"] * c.algo.group_size
-            self.totals["tokens"] += m["sampling/generated_tokens"]
-            self.totals["optimizer_steps"] += m["actor/optimizer_steps"]
-            self.totals["skipped_steps"] += m["actor/skipped_steps"]
-            if m["actor/skipped_steps"] and self.acc.is_main_process:
-                self.log(
-                    f"step {self.step + 1}: skipped {m['actor/skipped_steps']:.0f} optimizer step(s) with a "
-                    "non-finite loss or gradient; weights left unchanged for them"
-                )
-            m.update({f"cost/{k}_total": v for k, v in self.totals.items()})
-            self.step += 1
-            m["step"] = self.step  # steps count from 1: the number printed, logged and checkpointed
-            if c.eval.every and self.step % c.eval.every == 0:
-                scores = self.evaluate()
-                m.update(scores)
-                if scores and self.acc.is_main_process:
+        with Progress(
+            end, "dapo train", enabled=self.acc.is_main_process and self.progress, start=self.step
+        ) as bar:
+            while self.step < end:
+                m = self._reduce_metrics(self.train_step())
+                self.totals["responses"] += m["sampling/generated_groups"] * c.algo.group_size
+                self.totals["tokens"] += m["sampling/generated_tokens"]
+                self.totals["optimizer_steps"] += m["actor/optimizer_steps"]
+                self.totals["skipped_steps"] += m["actor/skipped_steps"]
+                if m["actor/skipped_steps"] and self.acc.is_main_process:
+                    self.log(
+                        f"step {self.step + 1}: skipped {m['actor/skipped_steps']:.0f} optimizer step(s) with a "
+                        "non-finite loss or gradient; weights left unchanged for them"
+                    )
+                m.update({f"cost/{k}_total": v for k, v in self.totals.items()})
+                self.step += 1
+                m["step"] = self.step  # steps count from 1: the number printed, logged and checkpointed
+                if c.eval.every and self.step % c.eval.every == 0:
+                    scores = self.evaluate()
+                    m.update(scores)
+                    if scores and self.acc.is_main_process:
+                        bar.clear()
+                        self.log(f"step {self.step}: {eval_line(scores)}")
+                verdicts, change = self.health.observe(m)
+                m.update(verdicts)
+                if change and self.acc.is_main_process:
                     bar.clear()
-                    self.log(f"step {self.step}: {eval_line(scores)}")
-            verdicts, change = self.health.observe(m)
-            m.update(verdicts)
-            if change and self.acc.is_main_process:
-                bar.clear()
-                self.log(f"step {self.step}: {change}")
-            self._write_metrics(m)
-            history.append(m)
-            bar.update(
-                self.step,
-                f"acc={m.get('rollout/accuracy', math.nan):.3f} ent={m.get('actor/entropy', math.nan):.3f}",
-            )
-            if (c.output.checkpoint_every and self.step % c.output.checkpoint_every == 0) or self.step == end:
-                self.save()
-        bar.close()
+                    self.log(f"step {self.step}: {change}")
+                self._write_metrics(m)
+                history.append(m)
+                bar.update(
+                    self.step,
+                    f"acc={m.get('rollout/accuracy', math.nan):.3f} ent={m.get('actor/entropy', math.nan):.3f}",
+                )
+                if (
+                    c.output.checkpoint_every and self.step % c.output.checkpoint_every == 0
+                ) or self.step == end:
+                    self.save()
         # the trackers' files closed; not accelerate's end_training(), which also destroys the
         # process group while the engine's groups and the checkpoint barrier still need it
         for tracker in self.acc.trackers if c.output.trackers else []:

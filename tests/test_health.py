@@ -625,3 +625,39 @@ def test_off_policy_drift_reads_verls_rollout_corr_metrics(tmp_path):
     assert fmt == "verl-console"
     assert status(runs["run"], "off_policy_drift").status == "failing"
     assert status(_drift_log([]), "off_policy_drift").reason == "not logged"
+
+
+def test_a_short_inconclusive_run_is_told_how_many_steps_the_rules_need(tmp_path, capsys):
+    """The README's 3-step CPU run: inconclusive, and one line says how many steps would give a
+    verdict (6: two windows of three rows for the rules on learning and stability); a log of
+    that many steps gets a verdict."""
+    import json
+
+    from dapo.cli import main
+
+    def log(n):
+        rows = [
+            {
+                "step": s,
+                "rollout/accuracy": 0.1 + 0.01 * s,
+                "actor/entropy": 1.3,
+                "actor/grad_norm": 1.5,
+                "actor/approx_kl": 0.001,
+                "actor/loss": 0.01,
+            }
+            for s in range(1, n + 1)
+        ]
+        path = tmp_path / f"run{n}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(path)
+
+    main(["diagnose", log(3)])
+    out = capsys.readouterr().out
+    assert ": inconclusive (" in out
+    assert (
+        "  inconclusive: 3 steps logged, the rules need at least 6; run longer (dapo train: train.steps=6)"
+        in out
+    )
+    main(["diagnose", log(6)])
+    out = capsys.readouterr().out
+    assert "inconclusive" not in out and ": healthy (" in out

@@ -229,3 +229,29 @@ def test_one_commits_gate_holds_every_rung_written_for_it(tmp_path, monkeypatch)
                 gate.check(unwritten, d)
     (only,) = d.glob("*.json")
     assert len(json.loads(only.read_text())["algo_hashes"]) == 3
+
+
+def test_gate_write_ends_with_the_verdicts_figures_and_what_the_gate_is(tmp_path, monkeypatch, capsys):
+    """`nox -s toy` ends with `dapo gate write`: its output is the closing block, the four
+    verdicts, where the figures are, one sentence on the gate and where it was written."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(gate, "git_state", lambda cwd=None: ("abc123" * 6, False))
+    (tmp_path / "runs" / "toy").mkdir(parents=True)
+    summary = _summary(tmp_path / "runs" / "toy")
+    (tmp_path / "runs" / "toy" / "entropy_collapse").mkdir()
+    (tmp_path / "runs" / "toy" / "entropy_collapse" / "entropy_collapse.png").write_bytes(b"")
+    (tmp_path / "runs" / "ladder").mkdir()
+    (tmp_path / "runs" / "ladder" / "ladder.png").write_bytes(b"")
+    assert gate.main(["write", "--config", "qwen2.5-32b-dapo", "--toy-summary", str(summary)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("== the four failure modes")
+    assert lines[1].split()[:2] == ["entropy_collapse", "reproduced"]
+    figures = lines[lines.index("== figures") + 1 : -2]
+    assert [Path(f.strip()).name for f in figures] == ["entropy_collapse.png", "ladder.png"]
+    assert lines[-2].startswith("== the toy gate:") and "--require-gate" in lines[-2]
+    assert lines[-1] == f"   gate written: {Path('runs/gate') / ('abc123' * 6 + '.json')}"
+    # refused: the verdicts still come first, the reason on stderr
+    bad = _summary(tmp_path / "runs" / "toy", primary="reversed")
+    assert gate.main(["write", "--config", "qwen2.5-32b-dapo", "--toy-summary", str(bad)]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1].split()[:2] == ["entropy_collapse", "reversed"] and "did not pass" in err

@@ -593,3 +593,28 @@ def test_dapo_train_with_a_missing_data_file_is_one_line_and_exit_2(tmp_path):
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert lines[-1] == f"dapo train: data.train: no such data file: '{tmp_path / 'no_such.jsonl'}'", lines
     assert "Traceback" not in r.stderr and not (tmp_path / "run").exists()  # a failed start leaves nothing
+
+
+def test_the_tiny_presets_first_run_says_what_it_builds(tmp_path, capsys):
+    """`dapo train --config tiny-cpu` builds the model and data on first use: a line before
+    each build (no silent stretch), none once they exist."""
+    from scale.config import load
+    from scale.ops.tiny import ensure_tiny
+
+    cfg = load(
+        "tiny-cpu",
+        [
+            f"model.path={tmp_path / 'tiny-model'}",
+            f"data.train={tmp_path / 'tiny-data' / 'train.jsonl'}",
+            f"data.eval={tmp_path / 'tiny-data' / 'eval.jsonl'}",
+        ],
+    )
+    ensure_tiny(cfg)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("building")]
+    assert err == [
+        f"building the tiny random model {tmp_path / 'tiny-model'} (once)",
+        f"building the tiny data {tmp_path / 'tiny-data'} (once)",
+    ]
+    assert (tmp_path / "tiny-model" / "config.json").is_file()
+    ensure_tiny(cfg)
+    assert "building" not in capsys.readouterr().err

@@ -447,3 +447,24 @@ def test_paired_interval_known_verdicts():
 )
 def test_verdict_table(iv, expect, want):
     assert verdict(iv, expect) == want
+
+
+def test_a_ladder_rung_that_lowers_accuracy_is_reversed_not_yes():
+    """Each Table-1 technique raises accuracy in the paper: a rung whose step is a loss on both
+    seed blocks reads ``reversed``, never ``yes``; a variant (no paper claim) reads ``lower``."""
+    from dapo import PRESETS
+    from toybench.ladder import ladder_steps
+
+    rng = np.random.default_rng(0)
+    seeds = list(range(20))
+    gain = {"soft_overlong": -0.1, "clip_higher": 0.0}
+    level, values = 0.5, {}
+    for rung in PRESETS:
+        level += gain.get(rung, 0.05)
+        values[rung] = list(level + rng.normal(0, 0.01, 20) * (rung != "clip_higher"))
+    values["dapo+excluded"] = list(np.array(values["dapo"]) - 0.1)
+    rows = ladder_steps(values, seeds, {"discovery": seeds[:10], "confirmation": seeds[10:]})
+    holds = {r["rung"]: r.get("holds") for r in rows}
+    assert holds["soft_overlong"] == "reversed"
+    assert holds["token_level"] == "yes" and holds["overlong_filter"] == "yes"
+    assert holds["dapo+excluded"] == "lower"

@@ -380,6 +380,29 @@ def test_progress_bar_on_a_terminal_and_in_a_log():
     assert late.getvalue() == ""
 
 
+def test_progress_bar_draws_its_last_state_once_and_ends_its_line_on_an_interrupt():
+    """The finished bar is not drawn a second time by close() (a line wider than the terminal
+    would show twice), and a block interrupted under ``with Progress(...)`` leaves the bar's
+    line ended, so that the interrupt's message starts on a line of its own."""
+    import io
+
+    from dapo.progress import Progress
+
+    out = io.StringIO()
+    bar = Progress(5, "dapo train", delay=0.0, stream=out, force=True)
+    bar.update(5, "acc=0.083")
+    bar.close()
+    assert out.getvalue().count("5/5") == 1 and out.getvalue().endswith("\n")
+    out = io.StringIO()
+    with (
+        pytest.raises(KeyboardInterrupt),
+        Progress(5, "dapo train", delay=0.0, stream=out, force=True) as bar,
+    ):
+        bar.update(2, "acc=0.1")
+        raise KeyboardInterrupt
+    assert out.getvalue().count("2/5") == 1 and out.getvalue().endswith("\n")
+
+
 def test_quiet_toy_commands_still_say_how_far_they_are(capsys, monkeypatch, tmp_path):
     """``--quiet`` drops the bar, not every sign of life: a plain progress line every 30 s
     (``$DAPO_QUIET_PROGRESS_S``; 0 here) on stderr, on a terminal too (``nox -s toy``, the

@@ -87,6 +87,8 @@ class Experiment:
     curves: tuple[str, ...] = ("actor/entropy",)
     """Metrics drawn per arm in the report figure."""
     x_axis: str = "step"
+    labels: dict[str, str] = field(default_factory=dict)
+    """Legend text per arm in the figures (an arm without one is shown by its name)."""
 
     def spec(self, arm: str, seed: int, policy: str = "tabular", steps: int | None = None) -> RunSpec:
         a = self.arms[arm]

@@ -216,14 +216,30 @@ def shapley(values: dict[str, list[float]]) -> dict[str, dict[str, float]]:
     return res
 
 
+def holds(signs: list[int], paper: int | None = 1) -> str:
+    """Whether an effect holds on every seed block (``signs``: per block, +1/-1 when the 95%
+    interval excludes zero above/below, 0 when it holds zero). Each technique of the paper's
+    Table 1 raises accuracy (``paper`` = +1): ``yes`` when every block agrees with it,
+    ``reversed`` when every block goes against it; a comparison the paper makes no claim on
+    (``paper`` None, the variants) reads ``higher``/``lower``. ``no effect`` when no block
+    excludes zero, ``fragile`` when the blocks disagree."""
+    if len(set(signs)) != 1:
+        return "fragile"
+    if signs[0] == 0:
+        return "no effect"
+    if paper is None:
+        return "higher" if signs[0] > 0 else "lower"
+    return "yes" if signs[0] == paper else "reversed"
+
+
 def ladder_steps(
     values: dict[str, list[float]], seeds: list[int], blocks: dict[str, list[int]]
 ) -> list[dict[str, float | str]]:
     """Per rung: mean with a 95% interval (all seeds), and the paired step from the rung
     before on each seed block (``step_<block>``, ``low_<block>``, ``high_<block>``) with
-    ``holds``: ``yes`` when every block's interval excludes zero on the same side,
-    ``no effect`` when none does, ``fragile`` otherwise. The variants (:data:`VARIANTS`)
-    follow, each compared with the dapo rung."""
+    ``holds`` (:func:`holds`: ``yes`` only in the paper's direction, a gain; ``reversed``
+    for a loss). The variants (:data:`VARIANTS`) follow, each compared with the dapo rung
+    (``higher``/``lower``: the paper has no such claim)."""
     out = []
     prev = None
     pos = {s: i for i, s in enumerate(seeds)}
@@ -240,7 +256,7 @@ def ladder_steps(
                 iv = paired_interval(list(v[idx] - np.array(values[base])[idx]))
                 row.update({f"step_{block}": iv.mean, f"low_{block}": iv.low, f"high_{block}": iv.high})
                 signs.append(1 if iv.low > 0 else -1 if iv.high < 0 else 0)
-            row["holds"] = ("yes" if signs[0] != 0 else "no effect") if len(set(signs)) == 1 else "fragile"
+            row["holds"] = holds(signs, 1 if rung in PRESETS else None)
         out.append(row)
         if rung in PRESETS:
             prev = rung

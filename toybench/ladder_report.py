@@ -196,8 +196,7 @@ def write_factorial(result: ExperimentResult, wall: float, out: Path, command: s
         ]
         for i, e in enumerate(eff["main"]):
             es = [per_block[b][i] for b in blocks]
-            signs = {1 if x.low > 0 else -1 if x.high < 0 else 0 for x in es}
-            holds = ("yes" if signs != {0} else "no effect") if len(signs) == 1 else "fragile"
+            holds = L.holds([1 if x.low > 0 else -1 if x.high < 0 else 0 for x in es])
             cells = " | ".join(f"{x.mean:+.3f} | {_ci(x.low, x.high)}" for x in es)
             lines.append(f"| {e.name} | {cells} | {holds} |")
         lines += [

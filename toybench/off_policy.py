@@ -71,6 +71,26 @@ PARTIAL_CORRECTIONS = ("none", "token_tis", "decoupled")
 PRECISION_CORRECTIONS = ("none", "token_tis", "icepop", "geo_rs")
 PRECISIONS = ("bf16", "fp8")
 BASES = {"grpo": PRESETS["grpo"], "dapo": PRESETS["dapo"]}
+CORRECTION_LABELS = {
+    "none": "none (plain async PPO)",
+    "bypass": "bypass PPO clip",
+    "token_tis": "token TIS (cap 2)",
+    "seq_tis": "sequence TIS (cap 2)",
+    "icepop": "IcePop (token, [0.5, 5])",
+    "seq_mis": "sequence MIS",
+    "geo_rs": "geometric-mean rejection",
+    "k3_rs": "k3 rejection",
+    "decoupled": "decoupled PPO (AReaL)",
+}
+"""Legend text of each correction of :data:`dapo.offpolicy.CORRECTIONS` in the figures."""
+FIGURE_FAMILIES = (
+    ("PPO variants", False, ("none", "bypass", "decoupled")),
+    ("importance weights", False, ("none", "token_tis", "seq_tis", "icepop")),
+    ("rejection", False, ("none", "seq_mis", "geo_rs", "k3_rs")),
+    ("partial rollouts", True, ("none", "token_tis", "decoupled")),
+)
+"""The off-policy figure's columns (DAPO base): a title, partial rollouts or not, and the
+corrections drawn, each beside ``none``."""
 
 
 def arm_name(base: str, k: int, partial: bool = False, correction: str = "none", precision: str = "") -> str:
@@ -184,11 +204,13 @@ def protection_experiments(staleness: Sequence[int] = STALENESS) -> list[Experim
     for mode in MODES.values():
         exp = REGISTRY[mode.experiment]
         arms: dict[str, Arm] = {}
+        labels: dict[str, str] = {}
         contrasts = []
         for k in staleness:
             for role in (mode.unprotected, mode.fix):
                 arm = exp.arms[role]
                 arms[f"{role}_k{k}"] = replace(arm, faults={**arm.faults, "staleness": k}) if k else arm
+                labels[f"{role}_k{k}"] = f"{exp.labels.get(role, role)}, k={k}"
             contrasts.append(
                 Contrast(
                     f"{mode.fix_name} at k={k}",
@@ -203,6 +225,7 @@ def protection_experiments(staleness: Sequence[int] = STALENESS) -> list[Experim
                 exp,
                 name=f"off_policy_{mode.name}",
                 arms=arms,
+                labels=labels,
                 summaries={mode.summary: exp.summaries[mode.summary]},
                 contrasts=tuple(contrasts),
             )

@@ -352,7 +352,7 @@ def write_report(
     other = other_way(rows, grid)
     lines += ["", "## What goes the other way (on both seed blocks)", ""]
     lines += [f"- {o}" for o in other] or ["- nothing: no arm beats its base at k = 0 on both blocks"]
-    fig = _figure(grid, rows, out) if plotting_available() else None
+    fig = _figure(rows, out) if plotting_available() else None
     if fig:
         lines += ["", f"![off-policy]({fig})"]
     payload = {
@@ -390,52 +390,56 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def _figure(grid: ExperimentResult, rows: list[dict[str, Any]], out: Path) -> str:
+def _figure(rows: list[dict[str, Any]], out: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    fig = off_policy_figure(rows)
+    fig.savefig(out / "off_policy.png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return "off_policy.png"
+
+
+def off_policy_figure(rows: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """Small multiples: a column per family of corrections (:data:`toybench.off_policy.FIGURE_FAMILIES`,
+    each beside ``none``), accuracy and entropy (each minus k = 0) against staleness; a
+    correction keeps its colour in every panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), sharey=False)
-    panels = (
-        ("dapo", False, "accuracy", "DAPO: accuracy - k=0"),
-        ("dapo", True, "accuracy", "DAPO, partial rollouts: accuracy - k=0"),
-        ("dapo", False, "entropy", "DAPO: entropy - k=0"),
+    fams = O.FIGURE_FAMILIES
+    fig, axes = plt.subplots(2, len(fams), figsize=(4.2 * len(fams), 7.4), sharex=True, squeeze=False)
+    palette = plt.get_cmap("tab10")
+    for col, (title, partial, corrections) in enumerate(fams):
+        for row, what in enumerate(("accuracy", "entropy")):
+            ax = axes[row][col]
+            for i, corr in enumerate(corrections):
+                label = f"dapo{' +partial' if partial else ''}, {corr}"
+                pts = [r for r in rows if r["config"] == label]
+                ks = [r["k"] * (1 + 0.03 * (i - (len(corrections) - 1) / 2)) for r in pts]
+                iv = [r[what]["discovery"] for r in pts]
+                ax.errorbar(
+                    ks,
+                    [v.mean for v in iv],
+                    yerr=[[v.mean - v.low for v in iv], [v.high - v.mean for v in iv]],
+                    marker="o",
+                    ms=3,
+                    capsize=2,
+                    color=palette(list(CORRECTIONS).index(corr) % 10),
+                    label=O.CORRECTION_LABELS.get(corr, corr),
+                )
+            ax.axhline(0, color="k", lw=0.6)
+            if what == "accuracy":
+                ax.axhline(-O.MARGIN, color="grey", lw=0.6, ls="--")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+            ax.set_title(f"DAPO, {title}: {what} - k=0", fontsize=9)
+            if row == 1:
+                ax.set_xlabel("staleness k (versions)")
+        axes[1][col].legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8, frameon=False)
+    fig.suptitle(
+        "Off-policy corrections under staleness (discovery seeds, 95% CI; dashed: the margin)", fontsize=10
     )
-    for ax, (base, partial, what, title) in zip(axes, panels):
-        labels = sorted(
-            {
-                r["config"]
-                for r in rows
-                if r["config"].startswith(base) and ("+partial" in r["config"]) == partial
-            }
-        )
-        palette = plt.get_cmap("tab10")
-        for i, label in enumerate(labels):
-            pts = [r for r in rows if r["config"] == label]
-            corr = label.split(", ", 1)[1]
-            ks = [r["k"] * (1 + 0.02 * (i - len(labels) / 2)) for r in pts]
-            iv = [r[what]["discovery"] for r in pts]
-            ax.errorbar(
-                ks,
-                [v.mean for v in iv],
-                yerr=[[v.mean - v.low for v in iv], [v.high - v.mean for v in iv]],
-                marker="o",
-                ms=3,
-                capsize=2,
-                color=palette(list(CORRECTIONS).index(corr) % 10),
-                label=corr,
-            )
-        ax.axhline(0, color="k", lw=0.6)
-        if what == "accuracy":
-            ax.axhline(-O.MARGIN, color="grey", lw=0.6, ls="--")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
-        ax.set_xlabel("staleness k (versions)")
-        ax.set_title(title + " (discovery seeds, 95% CI)", fontsize=9)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 9), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(out / "off_policy.png", dpi=100)
-    plt.close(fig)
-    return "off_policy.png"
+    fig.tight_layout()
+    return fig

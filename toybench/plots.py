@@ -33,14 +33,17 @@ def arm_style(i: int, n: int) -> dict[str, Any]:
     return {"color": f"C{i % 10}", "linestyle": DASHES[i % len(DASHES)], "linewidth": width}
 
 
-def draw_arms(ax, df, x: str, y: str, by: str, order: list[str]) -> None:  # type: ignore[no-untyped-def]
+def draw_arms(
+    ax, df, x: str, y: str, by: str, order: list[str], labels: dict[str, str] | None = None
+) -> None:  # type: ignore[no-untyped-def]
     """Mean of ``y`` over seeds against ``x`` for each ``by`` level in ``order`` (its own
-    style, :func:`arm_style`), with a 95% normal band (1.96 standard errors)."""
+    style, :func:`arm_style`, in the legend as ``labels[level]`` where given), with a 95%
+    normal band (1.96 standard errors)."""
     for i, level in enumerate(order):
         g = df[df[by] == level].groupby(x)[y]
         mean, se = g.mean(), g.sem().fillna(0.0)
         style = arm_style(i, len(order))
-        ax.plot(mean.index, mean.values, label=level, **style)
+        ax.plot(mean.index, mean.values, label=(labels or {}).get(level, level), **style)
         ax.fill_between(
             mean.index, mean - 1.96 * se, mean + 1.96 * se, color=style["color"], alpha=0.12, lw=0
         )
@@ -83,7 +86,7 @@ def experiment_figure(result: ExperimentResult):  # type: ignore[no-untyped-def]
         sub = df[df.metric == curve]
         if x != "step":  # per-run x values differ: bin them so seeds can be averaged
             sub = sub.assign(x=(sub.x / (sub.x.max() / 40)).round() * (sub.x.max() / 40))
-        draw_arms(ax, sub, "x", "value", "arm", list(result.logs))
+        draw_arms(ax, sub, "x", "value", "arm", list(result.logs), e.labels)
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel(x)
         ax.set_ylabel("")

@@ -20,6 +20,7 @@ from .knobs import merge
 from .readers import FORMATS, READERS, RunLogError, parse_map, read_log, user_names
 from .references import PAPER_REFERENCES, ReferenceCurve
 from .report import write_report
+from .series import Run
 from .verdict import SEVERITY, Finding, diagnose, run_notes, verdict
 
 EXIT_FAIL, EXIT_USAGE, EXIT_INCONCLUSIVE = 1, 2, 3
@@ -236,10 +237,24 @@ def _references(spec: str) -> dict[str, ReferenceCurve]:
     return curves
 
 
+def _steps(run: Run) -> float:
+    """Steps a log covers: its last logged step (from step 1), else its rows."""
+    steps = [float(r["step"]) for r in run if isinstance(r.get("step"), (int, float))]
+    return max(steps) if steps else float(len(run))
+
+
 def format_findings(
-    label: str, findings: list[Finding], config: HealthConfig = HealthConfig(), notes: list[str] | None = None
+    label: str,
+    findings: list[Finding],
+    config: HealthConfig = HealthConfig(),
+    notes: list[str] | None = None,
+    steps: float | None = None,
 ) -> str:
-    lines = [f"== {label}: {verdict(findings, config).headline()}"]
+    """``steps``: the steps the log covers (an inconclusive run is told how many it needs)."""
+    v = verdict(findings, config)
+    lines = [f"== {label}: {v.headline()}"]
+    if steps is not None and v.advice(steps):
+        lines.append(f"  {v.advice(steps)}")
     lines += [f"  note: {n}" for n in notes or []]
     for f in findings:
         since = f" since step {f.start_step:g}" if f.start_step is not None else ""
@@ -335,7 +350,7 @@ def _judge(args: argparse.Namespace, cfg: HealthConfig, knobs: Any, references: 
         print(f"format: {fmt}")
         print(
             "\n\n".join(
-                format_findings(label, fs, cfg, run_notes(runs[label]))
+                format_findings(label, fs, cfg, run_notes(runs[label]), _steps(runs[label]))
                 + "".join(
                     "\n" + line for line in (comparisons[label].lines() if label in comparisons else [])
                 )

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .config import HealthConfig
 from .rules import RULES, Knobs, Rule
@@ -38,6 +39,8 @@ class Finding:
     """What to change: the rule's knob, or what the run's own knobs and metrics call for."""
     reason: str = ""
     """Why the rule could not judge (``not logged`` / ``too few steps``), for unknown."""
+    needs_steps: float | None = None
+    """For ``too few steps``: the steps the rule needs to judge."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,19 @@ class Verdict:
     """Rules that could judge the run."""
     unknown: dict[str, list[str]]
     """Rules that could not, by reason (``not logged``, ``too few steps``)."""
+    needs_steps: float | None = None
+    """Inconclusive for too few steps: the fewest steps after which enough rules could judge
+    (None when more steps would not do)."""
+
+    def advice(self, logged: float) -> str:
+        """What an inconclusive run needs, in a line (empty when steps would not help)."""
+        if self.status != "inconclusive" or self.needs_steps is None:
+            return ""
+        n = math.ceil(self.needs_steps)
+        return (
+            f"inconclusive: {logged:g} steps logged, the rules need at least {n}; run longer "
+            f"(dapo train: train.steps={n})"
+        )
 
     def headline(self) -> str:
         n = sum(len(v) for v in self.unknown.values())
@@ -69,7 +85,16 @@ def diagnose(
     for rule in rules:
         j = rule.check(run, config, knobs or {})
         out.append(
-            Finding(rule.name, rule.title, j.status, j.since, j.evidence, j.advice or rule.knob, j.reason)
+            Finding(
+                rule.name,
+                rule.title,
+                j.status,
+                j.since,
+                j.evidence,
+                j.advice or rule.knob,
+                j.reason,
+                j.needs_steps,
+            )
         )
     return out
 
@@ -92,7 +117,25 @@ def verdict(findings: Sequence[Finding], config: HealthConfig = HealthConfig()) 
         status = "healthy"
     else:
         status = "inconclusive"
-    return Verdict(status, judged, unknown)
+    return Verdict(
+        status, judged, unknown, _needs_steps(findings, config) if status == "inconclusive" else None
+    )
+
+
+def _needs_steps(findings: Sequence[Finding], config: HealthConfig) -> float | None:
+    """The fewest steps at which the rules that lack only steps could judge enough of the run
+    for a verdict (healthy's condition above), or None."""
+    waiting = sorted({f.needs_steps for f in findings if f.needs_steps is not None})
+    for n in waiting:
+        judged = [
+            f
+            if f.status != "unknown" or f.needs_steps is None or f.needs_steps > n
+            else replace(f, status="healthy")
+            for f in findings
+        ]
+        if sum(f.status != "unknown" for f in judged) > config.min_judged_frac * len(judged) or _core(judged):
+            return n
+    return None
 
 
 def _core(findings: Sequence[Finding]) -> bool:

@@ -30,10 +30,12 @@ directory for evaluation and the hub.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,23 @@ def _without_frozen(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, 
     return {k: v for k, v in state.items() if k not in frozen}
 
 
+@contextlib.contextmanager
+def _dcp_args() -> Iterator[dict[str, bool]]:
+    """DCP's keywords for this process: in one without a process group (a one-process run
+    resumes before its engine creates one; ``dapo export``) DCP is told it works alone
+    (``no_dist``), and its warning that it "assumes the intent" to, which torch 2.13 gives
+    even then, is dropped (that message only)."""
+    import torch.distributed as dist
+
+    alone = not (dist.is_available() and dist.is_initialized())
+    with warnings.catch_warnings():
+        if alone:
+            warnings.filterwarnings(
+                "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+            )
+        yield {"no_dist": alone}
+
+
 def _states(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -122,7 +141,8 @@ def save(
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     barrier()
-    dcp.save(_states(model, optimizer), checkpoint_id=str(tmp / SHARDS))
+    with _dcp_args() as kw:
+        dcp.save(_states(model, optimizer), checkpoint_id=str(tmp / SHARDS), **kw)
     torch.save(rank_state, tmp / f"rank{rank}.pt")
     barrier()
     if rank == 0:
@@ -168,7 +188,8 @@ def load(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer
     if not (shards / ".metadata").is_file():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {SHARDS}/.metadata)")
     states = _states(model, optimizer)
-    dcp.load(states, checkpoint_id=str(shards))  # every key asked for must be in the checkpoint
+    with _dcp_args() as kw:
+        dcp.load(states, checkpoint_id=str(shards), **kw)  # every key asked for must be in the checkpoint
     set_state_dict(
         model,
         optimizer,
@@ -220,7 +241,8 @@ def export(path: Path, out: Path, dtype: torch.dtype = torch.bfloat16, base: str
     policy = Policy(lm)
     options = _options(policy)
     state = {"model": _without_frozen(policy, get_model_state_dict(policy, options=options))}
-    dcp.load(state, checkpoint_id=str(path / SHARDS))
+    with _dcp_args() as kw:
+        dcp.load(state, checkpoint_id=str(path / SHARDS), **kw)
     set_model_state_dict(policy, state["model"], options=options)
     if adapters.enabled:
         lm = lm.merge_and_unload()  # type: ignore[operator]

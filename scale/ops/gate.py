@@ -149,6 +149,31 @@ def check(cfg, gate_dir: Path = GATE_DIR) -> dict:
     return record
 
 
+WHAT_THE_GATE_IS = (
+    "the toy gate: a full-scale run (`dapo train --require-gate`, `nox -s scale`) starts only on "
+    "the commit and config algo section a record was written for, and a record is written only "
+    "when every primary claim reproduced on both seed blocks and every control stayed quiet"
+)
+
+
+def verdict_block(toy_summary: Path, summary: dict) -> str:
+    """The block ``dapo gate write`` prints first (the last lines of ``nox -s toy``): each
+    failure mode's verdict and primary claim, and where the figures are."""
+    lines = [f"== the four failure modes ({toy_summary}; reproduced = on both seed blocks)"]
+    for name, exp in summary.get("experiments", {}).items():
+        primary = next((c for c in exp.get("contrasts", []) if c.get("role") == "primary"), {})
+        lines.append(f"   {name:<18} {exp.get('verdict', '?'):<15} {primary.get('name', '')}")
+    here = Path(toy_summary).parent
+    figures = sorted(here.glob("*/*.png"))  # runs/toy/<experiment>/<experiment>.png
+    # the other families of `dapo toy suite`, when the summary is the suite's (runs/toy)
+    figures += sorted(
+        p for fam in ("ladder", "off_policy", "prompt_selection") for p in (here.parent / fam).rglob("*.png")
+    )
+    lines.append("== figures")
+    lines += [f"   {p}" for p in figures] or ["   none (plots need matplotlib; drawn unless --no-plots)"]
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from dapo.cliargs import InFile, Parser, Text
 
@@ -192,7 +217,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load(args.config)
         if args.cmd == "write":
-            print(f"gate written: {write(cfg, args.toy_summary)}")
+            try:
+                block = verdict_block(args.toy_summary, json.loads(Path(args.toy_summary).read_text()))
+            except (ValueError, AttributeError, TypeError):
+                block = ""  # not a summary: write() says so
+            try:
+                path = write(cfg, args.toy_summary)
+            except GateError as err:
+                if block and not isinstance(err, MalformedSummary):
+                    print(block)  # the verdicts, then the refusal below
+                raise
+            print(f"{block}\n== {WHAT_THE_GATE_IS}\n   gate written: {path}")
         else:
             rec = check(cfg)
             print(

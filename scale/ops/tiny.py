@@ -3,6 +3,7 @@ tests, the CPU smoke run and benchmarks. head_dim is 64: vLLM's CPU attention re
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 SPECIAL = ["<|endoftext|>", "<pad>", "<unk>"]
@@ -144,15 +145,15 @@ def ensure_tiny(cfg, model: bool = True) -> None:
     """The tiny-cpu preset builds its random model and data on first use."""
     path = Path(cfg.model.path)
     if model and path.name == "tiny-model" and not path.exists():
+        print(f"building the tiny random model {path} (once)", file=sys.stderr, flush=True)
         build_tiny_model(path)
     for spec in (cfg.data.train, cfg.data.eval):
         if spec and is_tiny_data(spec) and not Path(spec).exists():
+            print(f"building the tiny data {Path(spec).parent} (once)", file=sys.stderr, flush=True)
             build_tiny_data(Path(spec).parent)
 
 
 if __name__ == "__main__":
-    import sys
-
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "runs")
     print(build_tiny_model(root / "tiny-model"))
     print(*build_tiny_data(root / "tiny-data"))

@@ -39,6 +39,8 @@ class Colocated:
         log: Any,
     ):
         self.cfg, self.acc, self.learner, self.trace, self.log = cfg, acc, learner, trace, log
+        if cfg.rollout.engine == "vllm" and acc.is_main_process:  # its start is the longest quiet stretch
+            log(f"starting the rollout engine (vLLM, {cfg.model.path})")
         self.engine = self._make_engine(ranks, prompts)
         self._sync()  # the engine starts with dummy weights
         self.gen = Generator(

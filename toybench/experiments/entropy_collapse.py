@@ -51,6 +51,14 @@ EXPERIMENT = Experiment(
         "symmetric_minibatch": Arm(BASE.replace(ppo_epochs=1, mini_batch_groups=4), LR),
         "clip_higher_minibatch": Arm(BASE.replace(ppo_epochs=1, mini_batch_groups=4, eps_high=0.28), LR),
     },
+    labels={
+        "symmetric": "symmetric clip (eps 0.2)",
+        "clip_higher": "Clip-Higher (eps_high 0.28)",
+        "symmetric_1upd": "symmetric, 1 update per rollout (control)",
+        "clip_higher_1upd": "Clip-Higher, 1 update per rollout (control)",
+        "symmetric_minibatch": "symmetric, 4 mini-batches x 1 epoch",
+        "clip_higher_minibatch": "Clip-Higher, 4 mini-batches x 1 epoch",
+    },
     summaries={
         "entropy_final": Summary(final("actor/entropy"), "mean token entropy over the last 10 steps"),
         "entropy_change": Summary(change("actor/entropy"), "entropy change, last 10 minus first 10 steps"),

@@ -54,6 +54,7 @@ EXPERIMENT = Experiment(
         "token_level": Arm(BASE, LR),
         "sample_level": Arm(BASE.replace(loss_agg="seq-mean-token-mean"), LR),
     },
+    labels={"token_level": "token-level loss (DAPO)", "sample_level": "sample-level loss (GRPO)"},
     summaries={
         "length_gap": Summary(_gap, "expected length of the wrong path minus the right path, last 10 steps"),
         "right_path_length": Summary(final("toy/length_best_path"), "expected length on the right path"),

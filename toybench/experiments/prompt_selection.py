@@ -72,6 +72,18 @@ def _arms() -> dict[str, Arm]:
     return arms
 
 
+_POLICY_LABELS = {"greso": "GRESO", "retire": "retire when solved", "pools": "difficulty pools"}
+
+
+def _labels() -> dict[str, str]:
+    labels = {"no_filter": "no filtering, no DS", "ds": "dynamic sampling (DS) alone"}
+    labels.update({name: f"{text} + DS" for name, text in _POLICY_LABELS.items()})
+    labels.update(
+        {f"drift_{k}": f"{v}, task drifts at step {DRIFT_AT}" for k, v in labels.items() if k != "no_filter"}
+    )
+    return labels
+
+
 def _versus_ds(policy: str) -> tuple[Contrast, ...]:
     return (
         Contrast(
@@ -133,6 +145,7 @@ EXPERIMENT = Experiment(
     task="prompt_pool",
     steps=STEPS,
     arms=_arms(),
+    labels=_labels(),
     summaries={
         "tokens_per_informative": Summary(
             per_informative("sampling/generated_tokens"), "tokens generated per informative group"

@@ -64,6 +64,16 @@ EXPERIMENT = Experiment(
         ),
         "filter_excluded": Arm(BASE.replace(overlong_filter=True, filtered_group_stats="excluded"), LR),
     },
+    labels={
+        "punish": "-1 for truncation",
+        "filter": "overlong filtering",
+        "soft": "filtering + soft punishment",
+        "soft_overlap": "soft punishment, ramp overlapping useful lengths",
+        "soft_unpenalized": "soft, truncated spared in group stats",
+        "soft_excluded": "soft, truncated left out of group stats",
+        "soft_overlap_unpenalized": "overlapping ramp, truncated spared in group stats",
+        "filter_excluded": "filtering, truncated left out of group stats",
+    },
     summaries={
         "accuracy_mean": Summary(
             mean_over_run("toy/expected_accuracy"), "exact expected accuracy averaged over the run"

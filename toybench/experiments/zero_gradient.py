@@ -80,6 +80,7 @@ EXPERIMENT = Experiment(
         "no_ds": Arm(BASE, LR),
         "dynamic_sampling": Arm(BASE.replace(dynamic_sampling=True), LR),
     },
+    labels={"no_ds": "no dynamic sampling", "dynamic_sampling": "dynamic sampling"},
     summaries={
         "steps_to_target": Summary(
             first_reaching("toy/expected_accuracy", TARGET, "cost/optimizer_steps_total"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ class Judgement:
     rule's default knob (None: the default)."""
     reason: str = ""
     """Why the rule could not judge: ``not logged`` or ``too few steps`` (unknown only)."""
+    needs_steps: float | None = None
+    """For ``too few steps``: the steps (first to last logged, at the log's interval) the rule
+    needs to judge."""
 
 
 def unknown(reason: str, evidence: str) -> Judgement:
@@ -60,11 +64,22 @@ def not_logged(*names: str) -> Judgement:
 
 def too_few(s: Series, c: HealthConfig, windows: float, what: str) -> Judgement:
     plural = "window" if windows == 1 else "windows"
-    return unknown(
-        TOO_FEW_STEPS,
-        f"{what}: {len(s)} row(s) over {s.span:g} step(s); needs {windows:g} {plural} of "
+    return Judgement(
+        "unknown",
+        evidence=f"{what}: {len(s)} row(s) over {s.span:g} step(s); needs {windows:g} {plural} of "
         f">= {s.window(c) if len(s) else c.window:g} steps with >= {c.min_points} rows each",
+        reason=TOO_FEW_STEPS,
+        needs_steps=steps_needed(s.interval if len(s) > 1 else 1.0, c, windows),
     )
+
+
+def steps_needed(interval: float, c: HealthConfig, windows: float) -> float:
+    """The fewest steps a series logged every ``interval`` steps must span to cover ``windows``
+    windows (:meth:`Series.covers`, the window widening with the series as it does)."""
+    n = math.ceil(windows * c.min_points)
+    while n * interval < windows * max(min(float(c.window), n * interval / 4), c.min_points * interval):
+        n += 1
+    return n * interval
 
 
 def start_and_now(run: Run, key: str, c: HealthConfig) -> tuple[Series, float, float] | Judgement:
