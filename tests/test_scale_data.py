@@ -610,11 +610,13 @@ def test_the_tiny_presets_first_run_says_what_it_builds(tmp_path, capsys):
         ],
     )
     ensure_tiny(cfg)
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("building")]
-    assert err == [
+    captured = capsys.readouterr()
+    assert "building" not in captured.err  # stderr stays for the one line of a refusal
+    out = [line for line in captured.out.splitlines() if line.startswith("building")]
+    assert out == [
         f"building the tiny random model {tmp_path / 'tiny-model'} (once)",
         f"building the tiny data {tmp_path / 'tiny-data'} (once)",
     ]
     assert (tmp_path / "tiny-model" / "config.json").is_file()
     ensure_tiny(cfg)
-    assert "building" not in capsys.readouterr().err
+    assert "building" not in capsys.readouterr().out

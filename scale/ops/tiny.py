@@ -142,14 +142,15 @@ def is_tiny_data(spec: str | Path) -> bool:
 
 
 def ensure_tiny(cfg, model: bool = True) -> None:
-    """The tiny-cpu preset builds its random model and data on first use."""
+    """The tiny-cpu preset builds its random model and data on first use, saying so on stdout
+    (stderr stays for the one line of a refusal)."""
     path = Path(cfg.model.path)
     if model and path.name == "tiny-model" and not path.exists():
-        print(f"building the tiny random model {path} (once)", file=sys.stderr, flush=True)
+        print(f"building the tiny random model {path} (once)", flush=True)
         build_tiny_model(path)
     for spec in (cfg.data.train, cfg.data.eval):
         if spec and is_tiny_data(spec) and not Path(spec).exists():
-            print(f"building the tiny data {Path(spec).parent} (once)", file=sys.stderr, flush=True)
+            print(f"building the tiny data {Path(spec).parent} (once)", flush=True)
             build_tiny_data(Path(spec).parent)
 
 
