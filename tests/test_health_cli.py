@@ -304,3 +304,26 @@ def test_a_closed_pipe_ends_diagnose_quietly(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) in (0, 141) and "internal error" not in err, err
     assert not (tmp_path / "runs").exists()  # no crash log written
+
+
+def test_run_label_selects_by_its_parts_as_against_does(tmp_path, capsys):
+    """A toy metrics file labels its runs ``experiment=x/arm=a/seed=s``: ``--run-label`` takes
+    any of those parts (one run, or every seed of an arm); one that matches nothing is one line
+    naming the option, exit 2."""
+    runs = [
+        {**r, "experiment": "entropy_collapse", "arm": arm, "seed": seed}
+        for arm in ("symmetric", "clip_higher")
+        for seed in (0, 1)
+        for r in rows(40, **{"actor/entropy": 0.6})
+    ]
+    write(tmp_path / "metrics.jsonl", runs)
+    capsys.readouterr()
+    assert main([str(tmp_path / "metrics.jsonl"), "--run-label", "arm=symmetric/seed=1"]) == 0
+    heads = [x for x in capsys.readouterr().out.splitlines() if x.startswith("== ")]
+    assert len(heads) == 1 and "experiment=entropy_collapse/arm=symmetric/seed=1:" in heads[0]
+    assert main([str(tmp_path / "metrics.jsonl"), "--run-label", "arm=clip_higher"]) == 0
+    heads = [x for x in capsys.readouterr().out.splitlines() if x.startswith("== ")]
+    assert len(heads) == 2 and all("arm=clip_higher" in x for x in heads)
+    assert main([str(tmp_path / "metrics.jsonl"), "--run-label", "arm=nope"]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("note: ")]
+    assert len(err) == 1 and err[0].startswith("dapo diagnose: --run-label 'arm=nope' matches no run")

@@ -578,7 +578,7 @@ def compare(
 # ------------------------------------------------------------------------------ the inputs
 
 
-def _select(label: str, want: str) -> bool:
+def label_matches(label: str, want: str) -> bool:
     """Whether a run's label is the one asked for: equal, or holding each of its ``/`` parts
     (``arm=clip_higher`` selects ``experiment=x/arm=clip_higher/seed=3``)."""
     parts = label.split("/")
@@ -599,7 +599,7 @@ def load_references(specs: Sequence[str]) -> list[Reference]:
         except (RunLogError, OSError) as err:
             said = str(err)
             raise AgainstError(f"--against {said if said.startswith(path) else f'{spec}: {said}'}") from None
-        chosen = {k: v for k, v in runs.items() if want is None or _select(k, want)}
+        chosen = {k: v for k, v in runs.items() if want is None or label_matches(k, want)}
         if not chosen:
             raise AgainstError(
                 f"--against {spec}: no run labelled {want!r} in {path}; runs: {', '.join(list(runs)[:12])}"

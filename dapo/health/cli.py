@@ -60,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-label",
         type=Text(),
         default=None,
-        help="only this run of a multi-run file (e.g. arm=dapo/seed=0)",
+        help="only the runs of a multi-run file whose label holds each /-part of this one (e.g. "
+        "arm=symmetric/seed=0 selects experiment=entropy_collapse/arm=symmetric/seed=0; arm=symmetric "
+        "every seed of that arm)",
     )
     p.add_argument(
         "--report", type=OutDir(), default=None, help="write report.md and one figure per run here"
@@ -310,13 +312,17 @@ def _judge(args: argparse.Namespace, cfg: HealthConfig, knobs: Any, references: 
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.run_label:
-        if args.run_label not in runs:
+        from .against import label_matches
+
+        chosen = {label: run for label, run in runs.items() if label_matches(label, args.run_label)}
+        if not chosen:
+            shown = ", ".join(list(runs)[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
             print(
-                f"dapo diagnose: no run {args.run_label!r}; runs: {', '.join(list(runs)[:20])}",
+                f"dapo diagnose: --run-label {args.run_label!r} matches no run; runs: {shown}",
                 file=sys.stderr,
             )
             return EXIT_USAGE
-        runs = {args.run_label: runs[args.run_label]}
+        runs = chosen
     results = {label: diagnose(run, cfg, knobs) for label, run in runs.items()}
     comparisons: dict[str, Any] = {}
     if args.against:
