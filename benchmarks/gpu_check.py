@@ -292,14 +292,15 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     v.add(
         "engine: started in the launch environment",
-        True,
+        alloc == LAUNCH_ENV["PYTORCH_CUDA_ALLOC_CONF"],
         f"PYTORCH_CUDA_ALLOC_CONF={alloc!r}, tensor_parallel={tp}, "
         + (
             f"gpu_memory_utilization={cfg.rollout.gpu_memory_utilization}"
             if cuda
             else f"kv_cache_gib={args.cpu_kv_gib}"
         ),
-        "vLLM starts with dapo launch's environment and the preset's memory setting",
+        f"vLLM started under dapo launch's PYTORCH_CUDA_ALLOC_CONF={LAUNCH_ENV['PYTORCH_CUDA_ALLOC_CONF']!r} "
+        "and the preset's memory setting",
     )
     v.add(
         "engine: weight-load path",

@@ -98,6 +98,86 @@ def test_the_gpu_check_fails_a_sync_that_does_nothing_after_sleep_and_wake(tmp_p
     assert not any((tmp_path / "scratch").iterdir())  # a failed check leaves nothing behind either
 
 
+BREAK_EACH = """
+import dataclasses, os, runpy, sys
+sys.path.insert(0, {root!r})
+import torch
+import scale.learner.checkpoint as ckpt
+import scale.learner.role as role
+import scale.learner.sync as s
+from scale.generator.rollout import GlobalDynamicSampler as GDS
+
+rank = int(os.environ.get("RANK", "0"))
+metrics, take, update, sync = GDS.metrics, GDS.take, role.run_update, s.sync
+
+# dynamic sampling: each rank computes its own metrics (not the global ones)
+GDS.metrics = lambda self: {{**metrics(self), "sampling/which_rank": float(rank)}}
+
+
+def take_same(self):  # the exchange: every rank ends up with the same group (ids from 0 on each)
+    batch = take(self)
+    if batch is None:
+        return batch
+    ids = torch.unique(batch.group_ids, return_inverse=True)[1]
+    return dataclasses.replace(batch, group_ids=ids.to(batch.group_ids.dtype))
+
+
+def nan_update(*a, **k):  # the update: a non-finite loss
+    return {{**update(*a, **k), "actor/loss": float("nan")}}
+
+
+def wide_sync(*a, **k):  # the sync: every tensor gathered at once (10 buckets' worth)
+    stats = sync(*a, **k)
+    return dataclasses.replace(stats, peak_bytes=10 * max(stats.peak_bytes, stats.largest_tensor_bytes, 1))
+
+
+GDS.take, role.run_update, s.sync = take_same, nan_update, wide_sync
+ckpt.load = lambda *a, **k: None  # DCP: a load that reads nothing back
+sys.argv = [{script!r}, *sys.argv[1:]]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+BROKEN_ITEMS = [
+    "engine: started in the launch environment",
+    "generate: each round asks for at least the KV cache's capacity",
+    "dynamic sampling: global rounds and reports",
+    "point-to-point exchange of the shares",
+    "update: optimizer steps with a finite loss",
+    "sync: memory within 2x the bucket",
+    "DCP save and load of the sharded model and optimizer",
+]
+
+
+def test_each_item_of_the_gpu_check_fails_when_what_it_checks_is_broken(tmp_path, monkeypatch):
+    """Issue 47: an item that cannot fail proves nothing. One run breaks, each in its own way,
+    what seven items check: the launch environment (another allocator setting), the KV-cache
+    fill (one prompt per round), dynamic sampling (per-rank metrics), the exchange (the same
+    group on every rank), the update (a non-finite loss), the sync's memory (ten buckets at once) and
+    DCP (a load that reads nothing): exactly those seven fail, by name; the sync, the control and
+    the weight-load path still pass."""
+    from multiproc import MultiprocessError
+
+    monkeypatch.setenv("TORCH_GLOO_LAZY_INIT", "1")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "")  # the launch writes expandable_segments:True
+    wrapper = tmp_path / "broken_each.py"
+    wrapper.write_text(BREAK_EACH.format(root=str(ROOT), script=str(ROOT / "benchmarks/gpu_check.py")))
+    out = tmp_path / "gpu_check.json"
+    args = [*SMALL, "--prompts", "1", "--scratch", str(tmp_path / "scratch")]
+    with pytest.raises(MultiprocessError):
+        run_script([str(wrapper), *args, "--max-tokens", "96", "--out", str(out)], nproc=2, timeout_s=420)
+    r = json.loads(out.read_text())
+    assert "error" not in r, r.get("traceback")
+    verdicts = {x["item"]: x["verdict"] for x in r["items"]}
+    assert sorted(r["failed"]) == sorted(BROKEN_ITEMS), r["items"]
+    for item in (
+        "engine: weight-load path",
+        "engine = trainer after each sync (log-prob gap)",
+        "control: the gap sees a version the engine was not sent",
+    ):
+        assert verdicts[item] == "pass", r["items"]
+
+
 def test_the_gpu_checks_disaggregated_phase_runs_on_cpu_and_gives_a_verdict_per_item(tmp_path):
     """``--disaggregated`` launches dapo train itself (1 FSDP2 learner + 1 vLLM generator
     process, k = 2, partial rollouts, 4 steps) and judges placement, staleness, weights and
