@@ -107,6 +107,33 @@ def test_cli(capsys):
     assert isinstance(Arch(8, 1, 2, 1, 16, 10, True).head_dim, int)
 
 
+def test_the_plan_follows_the_configs_offload(capsys):
+    """Issue 47, finding 7: the planner assumed offload whatever the config said, so a colocated
+    run with train.fsdp_offload: false (the 7B preset) was planned with no trainer state on the
+    GPU. Planned as the trainer will run it, that state is resident beside the awake engine, and
+    at the issue's 80% engine reservation it does not fit, with the fix named."""
+    from scale.ops.plan import main
+
+    base = ["--config", "qwen2.5-math-7b-dapo", "--gpus", "8", "--gpu-type", "a100-80gb"]
+    assert main(base) == 0
+    out = capsys.readouterr().out
+    assert "param_offload=False" in out and "FITS" in out
+    resident = {
+        line.split("  ")[1].strip(): float(line.split()[-1])
+        for line in out.splitlines()
+        if line.startswith("  fp32 parameters") or line.startswith("  AdamW moments")
+    }
+    assert resident == {
+        "fp32 parameters (sharded)": pytest.approx(3.55, abs=0.01),
+        "AdamW moments (sharded)": pytest.approx(7.09, abs=0.01),
+    }
+    assert main([*base, "rollout.gpu_memory_utilization=0.8"]) == 1
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out and "generation phase needs" in out and "train.fsdp_offload=true" in out
+    assert main([*base, "rollout.gpu_memory_utilization=0.8", "train.fsdp_offload=true"]) == 0
+    assert "param_offload=True" in capsys.readouterr().out
+
+
 def test_placement_estimate_orders_and_depends_on_the_tail():
     """The planner's placements on the same GPUs: disaggregated k = 0 never beats colocated
     (both phases on fewer GPUs, no overlap), more staleness never slows the pipeline, and only

@@ -131,7 +131,7 @@ def plan(cfg, cluster: Cluster, strategy: Strategy = Strategy()) -> Plan:
             f"training phase needs {train_phase / GiB:.1f} GiB per GPU > {cluster.gpu_mem_gib:g} GiB"
         )
         if not (strategy.param_offload and strategy.optimizer_offload):
-            advice.append("offload parameters and optimizer states to CPU (FSDP offload)")
+            advice.append("train.fsdp_offload=true: parameters and optimizer states in host memory")
         advice.append(f"more GPUs: sharded state is {resident / GiB:.1f} GiB at {n} GPUs")
         if work["checkpointed activations"] + work["one layer's activations"] > 0.3 * mem:
             advice.append("smaller micro-batch in tokens (or sequence parallelism for 20k-token responses)")
@@ -141,7 +141,14 @@ def plan(cfg, cluster: Cluster, strategy: Strategy = Strategy()) -> Plan:
         problems.append(
             f"generation phase needs {gen_phase / GiB:.1f} GiB per GPU > {cluster.gpu_mem_gib:g} GiB"
         )
-        advice.append("lower rollout.gpu_memory_utilization or offload trainer state during generation")
+        advice.append(
+            "lower rollout.gpu_memory_utilization"
+            + (
+                ""
+                if strategy.param_offload
+                else ", or train.fsdp_offload=true (trainer state in host memory)"
+            )
+        )
     if engine_weights > reserve:
         problems.append(
             f"vLLM weights ({engine_weights / GiB:.1f} GiB per GPU) exceed its reservation "
@@ -414,7 +421,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="decode speed of one sequence: the longest response bounds a round (default 30)",
     )
-    ap.add_argument("--no-offload", action="store_true", help="keep parameters and optimizer on the GPU")
+    ap.add_argument(
+        "--no-offload",
+        action="store_true",
+        help="keep parameters and optimizer on the GPU even where the config's train.fsdp_offload is true "
+        "(a config with train.fsdp_offload: false is planned without offload in any case)",
+    )
     ap.add_argument(
         "--micro-batch-tokens",
         type=Int(lo=1),
@@ -478,9 +490,10 @@ def main(argv: list[str] | None = None) -> int:
         args.decode_tokens_per_s,
         args.decode_tokens_per_s_per_seq,
     )
+    offload = cfg.train.fsdp_offload and not args.no_offload  # what the trainer will do
     strategy = Strategy(
-        param_offload=not args.no_offload,
-        optimizer_offload=not args.no_offload,
+        param_offload=offload,
+        optimizer_offload=offload,
         micro_batch_tokens=args.micro_batch_tokens,
         acceptance=args.acceptance,
     )
