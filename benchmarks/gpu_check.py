@@ -23,9 +23,16 @@ checked to run on the device (``DAPO_CHECK_COLLECTIVES=1``):
 
 ``--disaggregated`` checks the disaggregated placement instead (run it without torchrun: it
 launches ``dapo train`` itself, :func:`disaggregated`): the same model shape and preset with
-``rollout.mode: disaggregated``, staleness 2 and partial rollouts, learners on the first GPUs
-and one generator process after them (on a one-GPU machine it shares the GPU, and the
-weights then travel through host memory instead of NCCL; the item says which).
+``rollout.mode: disaggregated``, staleness 2 and partial rollouts for 4 steps, learners on the
+first GPUs and one generator process after them (on a one-GPU machine it shares the GPU, and
+the weights then travel through host memory instead of NCCL; the item says which), then the
+same run resumed (``--resume auto``, a new generator process) for 3 more steps at staleness 0,
+where every batch is sampled by the version the learner holds when it trains it: the log-prob
+gap of each of those steps is the engine against the learner on one version, so a load that
+did nothing fails it. Every version differs visibly from the last on purpose: the gradients
+are 0 (a random model is never right), and a large weight decay (lr 1e-4, weight decay 2000,
+warm-up 5) scales every weight by ``1 - lr_s * wd`` at each step; a control item checks that
+the gap sees a version 2 steps old.
 
 Each item gets ``pass``, ``fail`` or ``skipped`` (what a CPU cannot show) against a stated
 threshold; the JSON (``--out``, default ``$OUT/gpu_check.json`` or
@@ -490,19 +497,40 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
 
 
 DISAGGREGATED_STEPS = 4
-"""Steps of the disaggregated phase: at k = 2 the oldest tokens are 0, 1, 2, 2 versions old."""
+"""Steps of the disaggregated phase at k = 2: the oldest tokens are 0, 1, 2, 2 versions old."""
+K0_STEPS = 3
+"""Steps the finished k = 2 run is then extended by (``--resume auto``) at k = 0, where batch
+``s`` is sampled by version ``s - 1``, the one the learner holds when it trains it: the
+log-prob gap of each of these steps is engine against learner on one version."""
+VERSION_LR, VERSION_WEIGHT_DECAY, VERSION_WARMUP = 1e-4, 2000.0, 5
+"""``train.lr``, ``train.weight_decay``, ``train.warmup_steps`` of the disaggregated phase, so
+that each version visibly differs from the last. A random model is never right, so every
+advantage, hence every gradient, is 0 (at most a weight moves by about lr through Adam's own
+step), and AdamW's decoupled weight decay alone scales every weight by ``1 - lr_s * wd`` at
+step ``s``, ``lr_s = lr * min(1, s / warmup)``: x0.96, 0.92, 0.88, 0.84, then 0.8. At the
+preset's lr (1e-6) no version would differ from the last in bf16 and an engine that loaded
+nothing would pass; a constant factor would shrink the logits (the final norm's weight times
+the tied embedding) geometrically until the k = 0 leg's versions hardly differ, the rising
+one keeps them apart: at the CPU test's shape an engine that kept version 4 is 0.09 (mean
+log-prob gap) from version 5 and 0.13 from version 6, against 0.05 allowed and 0.0015 measured
+for an engine that loads (``tests/test_gpu_check.py``)."""
 
 
 def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     """The disaggregated placement end to end: ``dapo train`` with the 32B preset's settings on
     this model shape, ``rollout.mode: disaggregated``, ``max_staleness: 2``, partial rollouts,
     learners (FSDP2, one per GPU but the generator's) and one vLLM generator process, for
-    :data:`DISAGGREGATED_STEPS` steps. A random model is never right and dynamic sampling would
-    reject every group, so it is off here: the groups train with zero advantages, which still
-    exercises every transfer (versions, weights, batches) this phase is about. Items: the
-    placement and the weights' transport, the run's exit, the staleness bound on every step,
-    every generator's weights equal to what the learner published (digests in the traces),
-    engine = learner at step 1 (both at version 0, bf16), and the time of each broadcast."""
+    :data:`DISAGGREGATED_STEPS` steps, then the same run resumed for :data:`K0_STEPS` more at
+    ``max_staleness: 0`` (a new generator process). A random model is never right and dynamic
+    sampling would reject every group, so it is off here: the groups train with zero
+    advantages, which still exercises every transfer (versions, weights, batches) this phase
+    is about, and a weight decay made large on purpose (:data:`VERSION_WEIGHT_DECAY`) makes
+    every version differ from the last. Items: the placement and the weights' transport, each
+    run's exit, the staleness bound on every step, every version the generator received equal
+    to what the learner published (digests in the traces: what it received, not what its
+    engine holds), engine = learner at step 1 (both at version 0, bf16) and at every step of
+    the k = 0 leg (what the engine holds), the control (the gap sees a version 2 steps old,
+    so a load that did nothing is seen), and the time of each broadcast."""
     import torch
 
     from dapo.pipeline import behaviour_version
@@ -527,6 +555,7 @@ def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     build_model(tmp / "model", shape)
     train, ev = build_tiny_data(tmp / "data")
     groups = 2 * learners
+    steps = DISAGGREGATED_STEPS
     overrides = [
         f"model.path={tmp / 'model'}",
         f"data.train={train}",
@@ -549,14 +578,16 @@ def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
         "algo.dynamic_sampling=false",
         f"algo.expected_len={args.response * 3 // 4}",
         f"algo.cache_len={args.response - args.response * 3 // 4}",
-        f"train.steps={DISAGGREGATED_STEPS}",
+        f"train.steps={steps}",
         f"train.max_tokens_per_micro_batch={args.max_tokens}",
-        "train.warmup_steps=1",
+        f"train.lr={VERSION_LR}",
+        f"train.weight_decay={VERSION_WEIGHT_DECAY}",
+        f"train.warmup_steps={VERSION_WARMUP}",
         "eval.every=0",
         "diagnose.every_steps=0",
         "output.trackers=[]",
         "output.trace_rollouts=true",
-        f"output.checkpoint_every={DISAGGREGATED_STEPS}",
+        f"output.checkpoint_every={steps}",
     ]
     if cuda:
         if shared:  # the generator's engine and a learner on one device
@@ -566,22 +597,45 @@ def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     run = tmp / "run"
     logs = tmp / "logs"
     logs.mkdir()
+
+    def last_line(prefix: str) -> str:
+        found = sorted(logs.glob(f"{prefix}*.log")) + sorted(run.glob("generator*.log"))
+        lines = [x for f in found for x in f.read_text(errors="replace").splitlines() if x.strip()]
+        return f"; last line: {lines[-1][:300]}" if lines else ""
+
     t0 = time.perf_counter()
     procs = _launch(run, overrides, 1, learners, logs / "train", ["--fresh"], config="qwen2.5-32b-dapo")
     rc = _wait(procs, args.timeout, "the disaggregated run")
     seconds = time.perf_counter() - t0
     rows = _metrics(run)
+    tail = "" if rc == [0] else last_line("train")
+    # the finished run extended at k = 0 (partial rollouts need k >= 1): a new generator
+    # process, sent the checkpoint's version over the bridge, then each new one
+    rc_k0: list[int] | None = None
+    seconds_k0, tail_k0 = 0.0, "; not run: the k = 2 run failed"
+    if rc == [0] and len(rows) == steps:
+        extend = ["rollout.max_staleness=0", "rollout.partial=false", f"train.steps={steps + K0_STEPS}"]
+        t1 = time.perf_counter()
+        procs = _launch(
+            run,
+            [*overrides, *extend],
+            1,
+            learners,
+            logs / "k0",
+            ["--resume", "auto"],
+            config="qwen2.5-32b-dapo",
+        )
+        rc_k0 = _wait(procs, args.timeout, "the k = 0 leg")
+        seconds_k0 = time.perf_counter() - t1
+        rows = _metrics(run)
+        tail_k0 = "" if rc_k0 == [0] else last_line("k0")
+    first_rows, k0_rows = rows[:steps], rows[steps:]
     traces = _generator_traces(run)
     published = {x["version"]: x["weights"] for x in traces.get("weights", [])}
     loads = [x for name, xs in traces.items() if name.startswith("generator") for x in xs if "version" in x]
-    tail = ""
-    if rc != [0]:
-        found = sorted(logs.glob("*.log")) + sorted(run.glob("generator*.log"))
-        lines = [x for f in found for x in f.read_text(errors="replace").splitlines() if x.strip()]
-        tail = lines[-1][:300] if lines else ""
     v.add(
         "disaggregated: placement and weight transport",
-        None if not cuda or shared else (rc == [0] and len(rows) == DISAGGREGATED_STEPS),
+        None if not cuda or shared else (rc == [0] and len(first_rows) == steps),
         f"{learners} learner(s) on GPUs 0..{learners - 1}, the generator on GPU {placed}, weights over "
         f"{backend}"
         if cuda
@@ -590,35 +644,70 @@ def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
         "cannot show it)",
     )
     v.add(
-        f"disaggregated: {DISAGGREGATED_STEPS} steps, k = 2, partial rollouts, exit 0",
-        rc == [0] and len(rows) == DISAGGREGATED_STEPS,
-        f"exit {rc}, {len(rows)} rows, {seconds:.0f} s" + (f"; last line: {tail}" if tail else ""),
-        f"exit 0 with {DISAGGREGATED_STEPS} metrics rows",
+        f"disaggregated: {steps} steps, k = 2, partial rollouts, exit 0",
+        rc == [0] and len(first_rows) == steps,
+        f"exit {rc}, {len(first_rows)} rows, {seconds:.0f} s{tail}",
+        f"exit 0 with {steps} metrics rows",
     )
-    want = [min(s - 1, 2) for s in range(1, DISAGGREGATED_STEPS + 1)]
+    v.add(
+        f"disaggregated: resumed for {K0_STEPS} more steps at k = 0, exit 0",
+        rc_k0 == [0] and len(k0_rows) == K0_STEPS,
+        f"exit {rc_k0}, {len(k0_rows)} rows, {seconds_k0:.0f} s{tail_k0}",
+        f"--resume auto with rollout.max_staleness=0, rollout.partial=false, train.steps={steps + K0_STEPS}: "
+        f"exit 0 with {K0_STEPS} more metrics rows",
+    )
+    want = [min(s - 1, 2) for s in range(1, steps + 1)] + [0] * K0_STEPS
     oldest = [r.get("async/staleness_max") for r in rows]
     v.add(
         "disaggregated: staleness bound on every step",
         oldest == want,
         oldest,
-        f"oldest token exactly {want} versions old (k = 2)",
+        f"oldest token exactly {want[:steps]} versions old (k = 2), then {want[steps:]} (k = 0)",
     )
+
+    def sampler(s: int) -> int:
+        return behaviour_version(s, 2) if s <= steps else behaviour_version(s, 0, steps)
+
     batches = [x for x in loads if not x.get("partial")]
     v.add(
-        "disaggregated: the generator loaded what the learner published",
-        len(batches) == DISAGGREGATED_STEPS
-        and all(x["version"] == behaviour_version(x["step"], 2) for x in batches)
+        "disaggregated: the generator received what the learner published (digests)",
+        len(batches) == steps + K0_STEPS
+        and all(x["version"] == sampler(x["step"]) for x in batches)
         and all(published.get(x["version"]) == x["weights"] for x in loads),
         f"{len(loads)} loads ({len(loads) - len(batches)} partial), versions {sorted(published)} published",
-        "batch s sampled by version max(0, s - 3); every load's digest = the published version's",
+        "batch s sampled by version max(0, s - 3) (k = 2), then s - 1 (k = 0); every version's digest as "
+        "received = as published (what the engine loads from it: the k = 0 leg's gap)",
     )
-    first = rows[0] if rows else {}
-    gap = (first.get("mismatch/logp_gap"), first.get("mismatch/logp_gap_max"))
+    gaps = [(r.get("mismatch/logp_gap"), r.get("mismatch/logp_gap_max")) for r in rows]
+
+    def agrees(gap: tuple[Any, Any]) -> bool:
+        return (
+            gap[0] is not None and gap[1] is not None and gap[0] < args.max_gap_mean and gap[1] < args.max_gap
+        )
+
+    decay = (
+        f"each version's weights x(1 - lr_s * wd) of the last's: lr {VERSION_LR:g} (warm-up "
+        f"{VERSION_WARMUP}), weight decay {VERSION_WEIGHT_DECAY:g}"
+    )
     v.add(
         "disaggregated: engine = learner at step 1 (log-prob gap)",
-        gap[0] is not None and gap[1] is not None and gap[0] < args.max_gap_mean and gap[1] < args.max_gap,
-        gap,
+        bool(gaps) and agrees(gaps[0]),
+        gaps[0] if gaps else None,
         f"mean < {args.max_gap_mean}, max < {args.max_gap} (version 0 on both sides)",
+    )
+    v.add(
+        "disaggregated: engine = learner at every step of the k = 0 leg (log-prob gap)",
+        len(k0_rows) == K0_STEPS and all(agrees(g) for g in gaps[steps:]),
+        gaps[steps:],
+        f"mean < {args.max_gap_mean}, max < {args.max_gap} at steps {steps + 1}..{steps + K0_STEPS} "
+        f"(batch s sampled by version s - 1, which the learner holds; {decay})",
+    )
+    stale = [g[0] for g, o in zip(gaps, oldest) if o == 2]
+    v.add(
+        "disaggregated: control: the gap sees a version 2 steps old",
+        bool(stale) and all(g is not None and g >= args.max_gap_mean for g in stale),
+        stale,
+        f"mean >= {args.max_gap_mean} at the k = 2 steps whose oldest token is 2 versions old ({decay})",
     )
     publish = [r["sync/seconds"] for r in rows if r.get("sync/seconds") is not None]
     v.add(
@@ -636,8 +725,11 @@ def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
         "weights_backend": backend,
         "seconds": round(seconds, 1),
         "exit": rc,
+        "k0_seconds": round(seconds_k0, 1),
+        "k0_exit": rc_k0,
         "staleness_max": oldest,
         "staleness_mean": [r.get("async/staleness_mean") for r in rows],
+        "logp_gap": gaps,
         "publish_s": publish,
         "trainer_idle_s": [r.get("async/trainer_idle_s") for r in rows],
         "generator_idle_s": [r.get("async/generator_idle_s") for r in rows],

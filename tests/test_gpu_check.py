@@ -178,10 +178,9 @@ def test_each_item_of_the_gpu_check_fails_when_what_it_checks_is_broken(tmp_path
         assert verdicts[item] == "pass", r["items"]
 
 
-def test_the_gpu_checks_disaggregated_phase_runs_on_cpu_and_gives_a_verdict_per_item(tmp_path):
-    """``--disaggregated`` launches dapo train itself (1 FSDP2 learner + 1 vLLM generator
-    process, k = 2, partial rollouts, 4 steps) and judges placement, staleness, weights and
-    the step-1 log-prob gap; on CPU the placement item is skipped, not passed."""
+def disaggregated_check(tmp_path, env=None):
+    """``--disaggregated`` at a shape one learner and one generator process run in about a
+    minute: the JSON report and the finished process."""
     import subprocess
     import sys
 
@@ -193,15 +192,88 @@ def test_the_gpu_checks_disaggregated_phase_runs_on_cpu_and_gives_a_verdict_per_
         [sys.executable, str(ROOT / "benchmarks/gpu_check.py"), *args],
         capture_output=True,
         text=True,
-        timeout=330,
-        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "DAPO_DIST_TIMEOUT_S": "60"},
+        timeout=600,
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "DAPO_DIST_TIMEOUT_S": "60", **(env or {})},
     )
     r = json.loads(out.read_text())
     assert "error" not in r, (r.get("traceback"), done.stderr[-2000:])
-    verdicts = {x["item"]: x["verdict"] for x in r["items"]}
-    assert len(verdicts) == 6 and r["failed"] == [], r["items"]
-    assert verdicts["disaggregated: placement and weight transport"] == "skipped"
-    assert sum(v == "pass" for v in verdicts.values()) == 5
-    assert r["staleness_max"] == [0, 1, 2, 2] and r["weights_backend"] == "gloo"
-    assert done.returncode == 0 and "passed; details in" in done.stdout
     assert r["scratch"].startswith("removed") and not any((tmp_path / "scratch").iterdir())
+    return r, done
+
+
+LEG = "disaggregated: engine = learner at every step of the k = 0 leg (log-prob gap)"
+
+
+def test_the_gpu_checks_disaggregated_phase_runs_on_cpu_and_gives_a_verdict_per_item(tmp_path):
+    """``--disaggregated`` launches dapo train itself (1 FSDP2 learner + 1 vLLM generator
+    process, k = 2, partial rollouts, 4 steps, then resumed for 3 steps at k = 0) and judges
+    placement, staleness, weights, the log-prob gap at step 1 and at every k = 0 step, and the
+    control (the gap sees stale versions: the weight decay makes every version differ); on
+    CPU the placement item is skipped, not passed."""
+    r, done = disaggregated_check(tmp_path)
+    verdicts = {x["item"]: x["verdict"] for x in r["items"]}
+    assert len(verdicts) == 9 and r["failed"] == [], r["items"]
+    assert verdicts["disaggregated: placement and weight transport"] == "skipped"
+    assert sum(v == "pass" for v in verdicts.values()) == 8
+    assert r["staleness_max"] == [0, 1, 2, 2, 0, 0, 0] and r["weights_backend"] == "gloo"
+    assert r["exit"] == [0] and r["k0_exit"] == [0]
+    assert done.returncode == 0 and "passed; details in" in done.stdout
+
+
+BREAK_GENERATOR_LOADS = """
+# sitecustomize for the broken-load test: in a generator process (no RANK: the learner's ranks
+# have one), the vLLM engine's first weight load happens and every later one does nothing
+import importlib.abc, importlib.machinery, importlib.util, os, sys
+
+
+class _Broken(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "scale.generator.engines.vllm_engine" or "RANK" in os.environ:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            real, calls = module.VLLMEngine.sync_weights, []
+
+            def sync_weights(self, named_tensors):
+                calls.append(1)
+                if len(calls) == 1:
+                    real(self, named_tensors)
+
+            module.VLLMEngine.sync_weights = sync_weights
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Broken())
+# then the sitecustomize this one hides, if any
+here = os.path.dirname(os.path.abspath(__file__))
+other = importlib.machinery.PathFinder.find_spec(
+    "sitecustomize", [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+)
+if other is not None:
+    other.loader.exec_module(importlib.util.module_from_spec(other))
+"""
+
+
+def test_the_gpu_checks_disaggregated_phase_fails_a_generator_whose_loads_do_nothing(tmp_path):
+    """The false pass of issue 47 (6b): a generator process whose engine loads its first
+    version and nothing after it passed, the digests being those of the tensors it received.
+    Each generator process of the run (the k = 2 run's, then the k = 0 leg's) loads only its
+    first version: the k = 0 leg's gap fails by name (step 5, its first load, agrees), and the
+    received-digest item still passes, which is why it is not enough."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BREAK_GENERATOR_LOADS)
+    path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    r, done = disaggregated_check(tmp_path, {"PYTHONPATH": path})
+    verdicts = {x["item"]: x["verdict"] for x in r["items"]}
+    assert r["failed"] == [LEG], r["items"]
+    assert verdicts["disaggregated: the generator received what the learner published (digests)"] == "pass"
+    assert r["exit"] == [0] and r["k0_exit"] == [0] and len(r["logp_gap"]) == 7
+    assert r["logp_gap"][4][0] < 0.05 <= r["logp_gap"][6][0]  # version 4 loaded; 6 not, 4 held
+    assert done.returncode == 1 and f"FAILED: {LEG}" in done.stdout
