@@ -648,44 +648,33 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
         said = f"command-line override {item!r}"
         nested = _nested_sections()
         head, _, tail = name.partition(".")
-        if f"{section}.{head}" in nested and tail:  # section.sub.field=value (model.lora.rank=8)
-            sub = nested[f"{section}.{head}"]
-            fields = [f.name for f in dataclasses.fields(sub)]
-            if tail not in fields:
-                raise ConfigError(
-                    key,
-                    f"{said}: {section}.{head} has no field {tail!r}{_did_you_mean(tail, fields)}; "
-                    f"its fields: {', '.join(fields)}",
-                )
-            out.setdefault(section, {})
-            if not isinstance(out[section], dict):
-                raise ConfigError(section, "is not a section")
-            inner = out[section].get(head)
-            if inner is not None and not isinstance(inner, dict):
-                raise ConfigError(f"{section}.{head}", "is not a section")
-            out[section][head] = inner = dict(inner or {})
-            try:
-                inner[tail] = yaml.safe_load(raw)
-            except yaml.YAMLError:
-                raise ConfigError(key, f"{said}: the value is not valid YAML") from None
-            continue
-        if section not in known:
+        sub = nested.get(f"{section}.{head}") if tail else None
+        if sub is not None:  # section.sub.field=value (model.lora.rank=8)
+            owner, field, fields = f"{section}.{head}", tail, [f.name for f in dataclasses.fields(sub)]
+        elif section not in known:
             raise ConfigError(
                 key,
                 f"{said}: unknown section {section!r}{_did_you_mean(section, list(known))}; "
                 f"sections: {', '.join(known)}",
             )
-        if name not in known[section]:
+        else:
+            owner, field, fields = section, name, known[section]
+        if field not in fields:
             raise ConfigError(
                 key,
-                f"{said}: {section} has no field {name!r}{_did_you_mean(name, known[section])}; "
-                f"its fields: {', '.join(known[section])}",
+                f"{said}: {owner} has no field {field!r}{_did_you_mean(field, fields)}; "
+                f"its fields: {', '.join(fields)}",
             )
-        out.setdefault(section, {})
-        if not isinstance(out[section], dict):
+        target = out.setdefault(section, {})
+        if not isinstance(target, dict):
             raise ConfigError(section, "is not a section")
+        if sub is not None:
+            inner = target.get(head)
+            if inner is not None and not isinstance(inner, dict):
+                raise ConfigError(owner, "is not a section")
+            target[head] = target = dict(inner or {})
         try:
-            out[section][name] = yaml.safe_load(raw)
+            target[field] = yaml.safe_load(raw)
         except yaml.YAMLError:
             raise ConfigError(key, f"{said}: the value is not valid YAML") from None
     return out

@@ -14,6 +14,7 @@ import time
 
 import pytest
 import torch
+from generator_patch import sitecustomize
 from multiproc import run_script
 from scale_support import need
 from test_scale_trainer import (
@@ -325,38 +326,25 @@ def test_a_generator_does_not_wait_for_a_version_that_cannot_arrive():
     assert torch.equal(v.take(2)[0][1], torch.ones(1))  # a version still due is waited for
 
 
-SLOW_GENERATOR = """
-# sitecustomize for the slow-generator test: in a generator process (no RANK: the learner's
-# ranks have one), every generation call of the HF engine sleeps first
-import importlib.abc, importlib.util, os, sys, time
+# in each generator process every generation call of the HF engine sleeps first
+SLOW_GENERATOR = sitecustomize(
+    "scale.generator.engines.hf",
+    "HFEngine",
+    "generate",
+    """
+import time
 
 DELAY = float(os.environ["DAPO_TEST_GENERATE_DELAY_S"])
 
 
-class _Slow(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "scale.generator.engines.hf" or "RANK" in os.environ:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
+def wrap(real):
+    def generate(self, *args, **kwargs):
+        time.sleep(DELAY)
+        return real(self, *args, **kwargs)
 
-        def exec_module(module):
-            run(module)
-            real = module.HFEngine.generate
-
-            def generate(self, *args, **kwargs):
-                time.sleep(DELAY)
-                return real(self, *args, **kwargs)
-
-            module.HFEngine.generate = generate
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, _Slow())
-"""
+    return generate
+""",
+)
 
 
 def test_a_generation_round_longer_than_the_collective_timeout_completes(tiny, tmp_path):

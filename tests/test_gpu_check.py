@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from generator_patch import sitecustomize
 from multiproc import run_script
 from scale_support import need
 
@@ -220,44 +221,23 @@ def test_the_gpu_checks_disaggregated_phase_runs_on_cpu_and_gives_a_verdict_per_
     assert done.returncode == 0 and "passed; details in" in done.stdout
 
 
-BREAK_GENERATOR_LOADS = """
-# sitecustomize for the broken-load test: in a generator process (no RANK: the learner's ranks
-# have one), the vLLM engine's first weight load happens and every later one does nothing
-import importlib.abc, importlib.machinery, importlib.util, os, sys
+# in each generator process the vLLM engine's first weight load happens; every later one does nothing
+BREAK_GENERATOR_LOADS = sitecustomize(
+    "scale.generator.engines.vllm_engine",
+    "VLLMEngine",
+    "sync_weights",
+    """
+def wrap(real):
+    calls = []
 
+    def sync_weights(self, named_tensors):
+        calls.append(1)
+        if len(calls) == 1:
+            real(self, named_tensors)
 
-class _Broken(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "scale.generator.engines.vllm_engine" or "RANK" in os.environ:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            real, calls = module.VLLMEngine.sync_weights, []
-
-            def sync_weights(self, named_tensors):
-                calls.append(1)
-                if len(calls) == 1:
-                    real(self, named_tensors)
-
-            module.VLLMEngine.sync_weights = sync_weights
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, _Broken())
-# then the sitecustomize this one hides, if any
-here = os.path.dirname(os.path.abspath(__file__))
-other = importlib.machinery.PathFinder.find_spec(
-    "sitecustomize", [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    return sync_weights
+""",
 )
-if other is not None:
-    other.loader.exec_module(importlib.util.module_from_spec(other))
-"""
 
 
 def test_the_gpu_checks_disaggregated_phase_fails_a_generator_whose_loads_do_nothing(tmp_path):

@@ -304,16 +304,9 @@ def test_fsdp2_streams_the_merge_of_the_trained_sharded_adapters(tiny, tmp_path)
 
 
 def _overrides(tiny, out, *extra):
-    return [
-        f"model.path={tiny['model']}",
-        f"data.train={tiny['train']}",
-        f"data.eval={tiny['eval']}",
-        f"output.dir={out}",
-        f"data.cache_dir={tiny['root'] / 'data-cache'}",
-        "eval.every=0",
-        "model.lora.rank=4",
-        *extra,
-    ]
+    from test_scale_trainer import overrides
+
+    return overrides(tiny, out, "eval.every=0", "model.lora.rank=4", *extra)
 
 
 @pytest.mark.slow

@@ -142,7 +142,10 @@ def merged_plan(lm: nn.Module, state: dict[str, Tensor] | None = None) -> Iterat
             yield name, t, None, None, 1.0
             continue
         if len(adapters) != 1 or getattr(layer, "fan_in_fan_out", False):
-            raise NotImplementedError(f"{owner}: one plain LoRA adapter per layer is supported")
+            raise ValueError(
+                f"{owner}: the weight sync merges one plain LoRA adapter per layer (what model.lora "
+                f"builds); found adapters {adapters}, fan_in_fan_out={getattr(layer, 'fan_in_fan_out', False)}"
+            )
         (a,) = adapters
         yield (
             name,
