@@ -173,15 +173,15 @@ def train_main(argv: list[str] | None = None) -> int:
     from ..dist import heartbeat
     from ..dist.collective_devices import CollectiveDeviceError, checked, compute_device
     from ..dist.startup import import_and_freeze
-    from ..dist.topology import CollectiveTimeout, is_collective_failure, preload_collective_modules, shutdown
+    from ..dist.topology import CollectiveTimeout, is_collective_failure, shutdown
     from ..generator.engines import EngineError
     from ..generator.rollout import RolloutDivergence
     from ..learner.checkpoint import ResumeError
     from ..placement.disaggregated import ScheduleError, StalenessError
     from ..trainer import LayoutError, Trainer
 
-    preload_collective_modules()  # before accelerate creates the process group
-    # seconds of garbage collection less per process (a disaggregated run's learners host no engine)
+    # before accelerate creates the process group (preload_collective_modules included); seconds
+    # of garbage collection less per process (a disaggregated run's learners host no engine)
     import_and_freeze(learner=True, vllm=cfg.rollout.engine == "vllm" and not cfg.disaggregated)
     try:
         with checked(compute_device()):  # $DAPO_CHECK_COLLECTIVES: every collective on the device
