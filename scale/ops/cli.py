@@ -131,6 +131,17 @@ def train_main(argv: list[str] | None = None) -> int:
         if args.gpu_type and _engine_does_not_fit(cfg, GPUS[args.gpu_type]):
             return 2
         return _validate_data(cfg)
+    from ..dist.startup import frozen_after, import_heavy, unfreeze_deferred
+    from .preflight import check_companions
+
+    # the heavy libraries imported once with the collector paused, and frozen before the
+    # process group exists: seconds of garbage collection less per process (scale/dist/
+    # startup.py; a disaggregated run's learners host no engine). The engines' logs are quieted
+    # and the companions checked as they are imported.
+    with frozen_after():
+        quiet_engines(args.verbose)
+        check_companions()  # before anything is written
+        import_heavy(learner=True, vllm=cfg.rollout.engine == "vllm" and not cfg.disaggregated)
     import torch
 
     if torch.cuda.is_available():  # vLLM would say so only after reading the model
@@ -139,10 +150,6 @@ def train_main(argv: list[str] | None = None) -> int:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         if _engine_does_not_fit(cfg, GpuType(props.name, props.total_memory / (1 << 30), float("nan"))):
             return 2
-    from .preflight import check_companions
-
-    quiet_engines(args.verbose)
-    check_companions()  # before anything is written
     gate = {"required": args.require_gate}
     if args.require_gate:
         from .gate import GateError, check
@@ -172,7 +179,6 @@ def train_main(argv: list[str] | None = None) -> int:
         ensure_tiny(cfg)
     from ..dist import heartbeat
     from ..dist.collective_devices import CollectiveDeviceError, checked, compute_device
-    from ..dist.startup import import_and_freeze
     from ..dist.topology import CollectiveTimeout, is_collective_failure, shutdown
     from ..generator.engines import EngineError
     from ..generator.rollout import RolloutDivergence
@@ -180,9 +186,6 @@ def train_main(argv: list[str] | None = None) -> int:
     from ..placement.disaggregated import ScheduleError, StalenessError
     from ..trainer import LayoutError, Trainer
 
-    # before accelerate creates the process group (preload_collective_modules included); seconds
-    # of garbage collection less per process (a disaggregated run's learners host no engine)
-    import_and_freeze(learner=True, vllm=cfg.rollout.engine == "vllm" and not cfg.disaggregated)
     try:
         with checked(compute_device()):  # $DAPO_CHECK_COLLECTIVES: every collective on the device
             try:
@@ -231,9 +234,10 @@ def train_main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
-    trainer.close()
-    del trainer
-    leaked = shutdown()
+    with unfreeze_deferred():  # the engine's teardown collections skip the frozen heap
+        trainer.close()
+        del trainer
+    leaked = shutdown()  # collects everything: the engine's objects too
     if leaked:  # such a process can end in a SIGABRT at interpreter exit (scale/dist/topology.py)
         print(f"dapo train: warning: gloo threads {leaked} outlived the process group", file=sys.stderr)
     return 0
@@ -545,10 +549,13 @@ def eval_main(argv: list[str] | None = None) -> int:
         prepare_problems(args.data, template=args.template, chat_template=False)
     except (DataError, FileNotFoundError) as err:
         raise UsageError(f"--data: {err}") from None
+    from ..dist.startup import frozen_after, import_heavy
     from .preflight import check_companions
 
-    quiet_engines(args.verbose)
-    check_companions()
+    with frozen_after():  # as dapo train: the heavy imports frozen (scale/dist/startup.py)
+        quiet_engines(args.verbose)
+        check_companions()
+        import_heavy(learner=False, vllm=args.engine == "vllm")
     from transformers import AutoTokenizer
 
     from ..generator.engines import EngineError

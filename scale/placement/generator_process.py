@@ -141,15 +141,16 @@ def main(argv: list[str] | None = None) -> int:
         help="how versions arrive (the learner's choice, scale.placement.disaggregated.generator_gpus)",
     )
     args = ap.parse_args(argv)
-    from transformers import AutoTokenizer
-
     from ..config import from_dict
-    from ..dist import bridge
-    from ..dist.startup import import_and_freeze
-    from ..generator.data import prepare_problems
+    from ..dist.startup import import_and_freeze, unfreeze_deferred
 
     cfg = from_dict(json.loads((Path(args.run_dir) / "config.json").read_text()), source="config.json")
     import_and_freeze(learner=False, vllm=cfg.rollout.engine == "vllm")  # before any group exists
+    from transformers import AutoTokenizer
+
+    from ..dist import bridge
+    from ..generator.data import prepare_problems
+
     i, n, j, tp = args.index, args.count, args.tp_rank, cfg.rollout.tensor_parallel
     g, procs = i * tp + j, n * tp  # this process among every generator process
     timeout = cfg.train.dist_timeout_s
@@ -284,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         batches.send(message, bridge.LEARNER, f"the learner to take batch {b}")
     receiver.join(timeout)
     if (shutdown := getattr(engine, "shutdown", None)) is not None:
-        shutdown()
+        with unfreeze_deferred():  # its collections skip the frozen heap: the process ends here
+            shutdown()
     if tp > 1:
         import torch.distributed as dist
 
