@@ -335,7 +335,9 @@ def test_malformed_data_and_bad_config_refuse_to_start(tiny, tmp_path):
     # refused after vLLM is imported (and frozen: scale/dist/startup.py): still one line, the
     # last; a frozen heap left at exit had nanobind print ~30 lines of "leaked" triton objects
     r = run_cli(["train", "--config", "tiny-cpu", *overrides(tiny, tmp_path / "r"), "--resume", str(used)])
-    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("dapo train: "), r.stderr[-2000:]
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("dapo train: "), r.stderr[
+        -2000:
+    ]
     assert "is not a complete checkpoint" in r.stderr and "leaked" not in r.stderr, r.stderr[-2000:]
     r = run_cli(["train", "--config", "tiny-cpu", "algo.eps_high=-1"])
     assert r.returncode == 2 and "algo.eps_high" in r.stderr
