@@ -55,6 +55,18 @@ def staleness(step: int, k: int, floor: int = 0) -> int:
     return step - 1 - behaviour_version(step, k, floor)
 
 
+def oldest_token_ages(step: int, k: int, *, partial: bool, rounds: int, floor: int = 0) -> tuple[int, ...]:
+    """The ages (versions) the oldest token a learner trains on in step ``step`` can have:
+    :func:`staleness` when a group of the batch's first generation round is kept. With partial
+    rollouts the rounds after the first run wholly under :func:`partial_version`, so when
+    dynamic sampling dropped every group of the first round (``rounds > 1``) the oldest kept
+    token is one version younger. Which it is depends on the samples, not on the schedule."""
+    age = staleness(step, k, floor)
+    if partial and rounds > 1 and partial_version(step, k, floor) is not None:
+        return (age - 1, age)
+    return (age,)
+
+
 def partial_version(step: int, k: int, floor: int = 0) -> int | None:
     """With partial rollouts, the version that continues batch ``step``'s responses after the
     first segment: the next one, ``behaviour_version + 1``, which samples the next batch too

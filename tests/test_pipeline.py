@@ -117,6 +117,25 @@ def test_partial_rollouts_switch_forward_to_a_version_the_learner_has(step, k):
     assert versions_needed(1, step, k, partial=False)[-1] == p - 1
 
 
+@given(st.integers(1, 300), st.integers(0, 12), st.integers(1, 6), st.booleans(), st.integers(0, 299))
+def test_the_oldest_token_is_the_schedules_or_one_younger_only_after_a_dropped_first_round(
+    step, k, rounds, partial, floor
+):
+    """The age of a batch's oldest kept token: :func:`staleness` exactly without partial
+    rollouts or with one round; with them and more rounds also one younger (the later rounds
+    run on the partial version), never older than k, never negative."""
+    from dapo.pipeline import oldest_token_ages, partial_version
+
+    floor = min(floor, step - 1)
+    ages = oldest_token_ages(step, k, partial=partial, rounds=rounds, floor=floor)
+    exact = staleness(step, k, floor)
+    assert exact in ages and all(0 <= a <= k for a in ages)
+    if not partial or rounds == 1 or partial_version(step, k, floor) is None:
+        assert ages == (exact,)
+    else:
+        assert ages == (exact - 1, exact) and exact - 1 == step - 1 - partial_version(step, k, floor)
+
+
 @given(st.integers(1, 16), st.integers(1, 16), st.integers(1, 8))
 def test_generator_gpus_own_devices_when_there_are_enough_else_shared_and_said(gpus, learners, n):
     """Each generator gets a GPU no learner uses when the node has enough (weights over NCCL);

@@ -12,6 +12,8 @@ import torch
 from multiproc import run_script
 from scale_support import need
 
+from dapo.pipeline import oldest_token_ages
+
 need("transformers", "accelerate", "datasets", "safetensors", "yaml")
 
 pytestmark = pytest.mark.slow
@@ -474,8 +476,9 @@ def test_disaggregated_k0_equals_colocated(tiny, tmp_path):
 
 def test_disaggregated_k2_generator_killed_then_resumed_equals_uninterrupted(tiny, tmp_path):
     """k = 2 with partial rollouts: batch s is sampled by version max(0, s - 3) and, from s = 3,
-    continued after the cut by version s - 2, so the oldest tokens are exactly min(s - 1, 2)
-    versions old and the rest one fresher (checked on every token before training, and logged). A generator killed
+    continued after the cut by version s - 2, so the oldest tokens are min(s - 1, 2) versions
+    old (one fresher where no group of the first round is kept) and the rest one fresher
+    (checked on every token before training, and logged). A generator killed
     mid-run ends the run with one line naming it (exit 4); ``--resume auto`` continues from
     the last checkpoint, which holds the batches that were in flight (sampled by versions it no
     longer has), and the resumed run logs exactly the uninterrupted run's metrics."""
@@ -491,7 +494,15 @@ def test_disaggregated_k2_generator_killed_then_resumed_equals_uninterrupted(tin
     r = run_cli(base + overrides(tiny, full, *opts))
     assert r.returncode == 0, r.stderr[-3000:]
     ref = metrics(full)
-    assert [m["async/staleness_max"] for m in ref] == [0, 1, 2, 2, 2, 2]
+    # the oldest kept token is min(s - 1, 2) versions old, or one younger where dynamic
+    # sampling dropped every group of the batch's first round (which depends on the samples:
+    # this machine's floating point)
+    ages = [m["async/staleness_max"] for m in ref]
+    assert all(
+        a in oldest_token_ages(s, 2, partial=True, rounds=int(m["sampling/rounds"]))
+        for s, (a, m) in enumerate(zip(ages, ref), 1)
+    ), ages
+    assert ages[:2] == [0, 1] and max(ages) == 2, ages
     # partial rollouts: from batch 3 on, tokens after the cut come from the next version
     means = [m["async/staleness_mean"] for m in ref]
     assert means[:2] == [0, 1] and all(1 <= x < 2 for x in means[2:]), means

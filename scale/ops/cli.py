@@ -131,18 +131,17 @@ def train_main(argv: list[str] | None = None) -> int:
         if args.gpu_type and _engine_does_not_fit(cfg, GPUS[args.gpu_type]):
             return 2
         return _validate_data(cfg)
-    from ..dist.startup import frozen_after, import_heavy, unfreeze_deferred
+    from ..dist.startup import frozen_after, import_and_freeze, unfreeze_deferred
     from .preflight import check_companions
 
-    # the heavy libraries imported once with the collector paused, and frozen before the
-    # process group exists: seconds of garbage collection less per process (scale/dist/
-    # startup.py; a disaggregated run's learners host no engine). The engines' logs are quieted
-    # and the companions checked as they are imported.
+    # the heavy libraries imported with the collector paused, and frozen before the process
+    # group exists: seconds of garbage collection less per process (scale/dist/startup.py).
+    # torch and transformers first (the engines' logs quieted and the companions checked as
+    # they are imported); accelerate and vLLM once the refusals below have passed.
     with frozen_after():
         quiet_engines(args.verbose)
         check_companions()  # before anything is written
-        import_heavy(learner=True, vllm=cfg.rollout.engine == "vllm" and not cfg.disaggregated)
-    import torch
+        import torch
 
     if torch.cuda.is_available():  # vLLM would say so only after reading the model
         from .fit import GpuType
@@ -177,6 +176,8 @@ def train_main(argv: list[str] | None = None) -> int:
         new_dir = not out.exists()
         out.mkdir(parents=True, exist_ok=True)
         ensure_tiny(cfg)
+    # a disaggregated run's learners host no engine
+    import_and_freeze(learner=True, vllm=cfg.rollout.engine == "vllm" and not cfg.disaggregated)
     from ..dist import heartbeat
     from ..dist.collective_devices import CollectiveDeviceError, checked, compute_device
     from ..dist.topology import CollectiveTimeout, is_collective_failure, shutdown
@@ -549,13 +550,13 @@ def eval_main(argv: list[str] | None = None) -> int:
         prepare_problems(args.data, template=args.template, chat_template=False)
     except (DataError, FileNotFoundError) as err:
         raise UsageError(f"--data: {err}") from None
-    from ..dist.startup import frozen_after, import_heavy
+    from ..dist.startup import frozen_after, import_and_freeze, import_heavy
     from .preflight import check_companions
 
     with frozen_after():  # as dapo train: the heavy imports frozen (scale/dist/startup.py)
         quiet_engines(args.verbose)
         check_companions()
-        import_heavy(learner=False, vllm=args.engine == "vllm")
+        import_heavy(learner=False, vllm=False)  # vLLM once the inputs are checked, below
     from transformers import AutoTokenizer
 
     from ..generator.engines import EngineError
@@ -589,6 +590,7 @@ def eval_main(argv: list[str] | None = None) -> int:
             else f"--data: the longest prompt ({longest} tokens) does not fit the model's context of {limit} tokens"
         )
     print(summary_line, file=sys.stderr)
+    import_and_freeze(learner=False, vllm=args.engine == "vllm")
     try:
         gens = _generate(args, tok, prompts)
     except EngineError as err:
