@@ -56,6 +56,16 @@ def keep_the_group(rank, world):
     _KEEP.append(dist.group.WORLD)
 
 
+def late_teardown(rank, world, delay_s, barrier):
+    """Rank 0 ends its run ``delay_s`` after the others (as rank 0 of a disaggregated run
+    stopping its generator processes); ``barrier``: then a collective barrier (the control)."""
+    dist.all_reduce(torch.zeros(1))  # the run's last collective
+    if rank == 0:
+        time.sleep(delay_s)
+    if barrier:
+        dist.barrier()
+
+
 # ---- tests --------------------------------------------------------------------------
 
 
@@ -122,6 +132,29 @@ def test_a_process_group_that_survives_teardown_fails_the_run():
     assert "outlived destroy_process_group()" in msg and "pt_gloo_runloop" in msg
     # the first rank to find the leak exits 3; torchrun may then stop the other with SIGTERM
     assert f": exit status {LEAK_STATUS}" in msg
+
+
+@pytest.mark.multiprocess
+def test_a_rank_that_ends_its_run_later_than_the_collective_timeout_still_tears_down_cleanly():
+    """CI saw a finished 2-learner run fail with "Timed out waiting 4000ms" in the teardown's
+    barrier: rank 0 was still stopping the generator processes. The teardown waits on the host
+    (scale.dist.topology.shutdown); the control, a collective barrier at the same point, fails
+    after the 2 s timeout, so the delay really exceeds it."""
+    run_function("test_multiproc:late_teardown", nproc=2, dist_timeout_s=2, delay_s=6, barrier=False)
+    with pytest.raises(MultiprocessError, match="Timed out|timed out|Timeout|timeout"):
+        run_function("test_multiproc:late_teardown", nproc=2, dist_timeout_s=2, delay_s=6, barrier=True)
+
+
+def test_the_teardown_wait_names_the_ranks_that_never_arrive_and_has_an_end():
+    from scale.dist.topology import await_ranks
+
+    store = dist.HashStore()
+    t0 = time.monotonic()
+    assert await_ranks(store, "k/0", 0, 3, "peers", wait_s=0.3) == [1, 2]
+    assert 0.3 <= time.monotonic() - t0 < 5
+    store.set("k/1/1", b"")
+    store.set("k/1/2", b"")
+    assert await_ranks(store, "k/1", 0, 3, "peers", wait_s=60) == []
 
 
 @pytest.mark.multiprocess
