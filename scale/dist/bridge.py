@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from .topology import poll, waiting_for
+from .topology import await_ranks, poll, waiting_for
 
 LEARNER = 0
 """The learner's rank 0 in the ``weights`` and ``batches`` groups; generator ``i`` is ``i + 1``."""
@@ -233,10 +233,9 @@ def group(
     ``timeout_s``. ``timeout_s`` then bounds the group's collectives."""
     import torch.distributed as dist
 
-    arrived = dist.PrefixStore(f"dapo-bridge/{name}/arrived/", kv)
-    arrived.set(str(rank), b"")
-    everyone = [str(r) for r in range(size)]
-    poll(lambda: arrived.check(everyone), f"the {size} members of the bridge's {name} group to start", alive)
+    await_ranks(
+        kv, f"dapo-bridge/{name}/arrived", rank, size, f"the {size} members of the bridge's {name} group to start", alive=alive
+    )
     prefixed = dist.PrefixStore(f"dapo-bridge/{name}/", kv)
     keys = dist.PrefixStore(f"dapo-bridge/{name}/keys/", kv)
     if backend == "nccl":  # GPU weights: the learner's rank 0 and each generator's first device

@@ -44,8 +44,10 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -282,6 +284,8 @@ SHUTDOWN_WAIT_S = 600.0
 teardown (an engine's shutdown, the generator processes' exit), finite for a peer that died
 after its last collective."""
 
+_shutdowns = itertools.count()  # every rank tears down the same groups in the same order
+
 
 def shutdown(wait_s: float = SHUTDOWN_WAIT_S) -> list[str]:
     """Tear the default process group down for good and return the gloo threads that
@@ -289,20 +293,25 @@ def shutdown(wait_s: float = SHUTDOWN_WAIT_S) -> list[str]:
 
     Waits for every rank first (no rank leaves while another still talks), destroys the
     group, and collects garbage so that reference cycles release it. The wait is on the
-    host (:func:`arrive_all`, at most ``wait_s``), not a collective: ranks end their runs
+    host (:func:`await_ranks`, at most ``wait_s``), not a collective: ranks end their runs
     at different times (rank 0 of a disaggregated run stops the generator processes first;
     a full collection of a large heap takes seconds on a loaded host), and a barrier failed
     finished runs after ``train.dist_timeout_s``. Callers drop what holds the group before
     calling: wrapped modules and their optimizers, and accelerate's prepared objects
     (``Accelerator.free_memory()``). A no-op on a single process."""
-    import sys
-
     import torch.distributed as dist
 
     _clear_dtensor_caches()
     gc.collect()
     if _initialized():
-        missing = arrive_all("shutdown", "the other ranks to end their runs", wait_s)
+        missing = await_ranks(
+            dist.distributed_c10d._get_default_store(),
+            f"dapo/shutdown/{next(_shutdowns)}",
+            dist.get_rank(),
+            dist.get_world_size(),
+            "the other ranks to end their runs",
+            wait_s,
+        )
         if missing:  # their runs ended without a teardown (killed after their last collective)
             print(
                 f"warning: ranks {missing} did not reach the end of the run within {wait_s:.0f} s; "
@@ -314,32 +323,18 @@ def shutdown(wait_s: float = SHUTDOWN_WAIT_S) -> list[str]:
     return communication_threads()
 
 
-_arrivals = itertools.count()
-
-
-def arrive_all(name: str, what: str, wait_s: float) -> list[int]:
-    """A barrier on the host: mark this rank arrived in the default group's store, then wait
-    (:func:`poll`) until every rank has, for at most ``wait_s``; returns the ranks that had
-    not (empty: all arrived). Every rank must make the same sequence of calls (the keys are
-    numbered per process). No-op (``[]``) on one process."""
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    if not _initialized():
-        return []
-    return await_ranks(
-        c10d._get_default_store(),
-        f"dapo/arrive/{name}/{next(_arrivals)}",
-        dist.get_rank(),
-        dist.get_world_size(),
-        what,
-        wait_s,
-    )
-
-
-def await_ranks(store: Any, key: str, rank: int, world: int, what: str, wait_s: float) -> list[int]:
-    """:func:`arrive_all` on ``store``: set ``key/rank``, wait until ``key/r`` exists for
-    every rank r or ``wait_s`` has passed; the ranks still missing."""
+def await_ranks(
+    store: Any,
+    key: str,
+    rank: int,
+    world: int,
+    what: str,
+    wait_s: float = math.inf,
+    alive: Callable[[], None] | None = None,
+) -> list[int]:
+    """A barrier on the host: set ``key/rank`` in ``store``, then wait (:func:`poll`) until
+    ``key/r`` exists for every rank r, or ``wait_s`` has passed, or ``alive()`` raises (a
+    member has died); returns the ranks still missing (empty: all arrived)."""
     store.set(f"{key}/{rank}", b"")
     keys = [f"{key}/{r}" for r in range(world)]
     deadline = time.monotonic() + wait_s
@@ -347,7 +342,7 @@ def await_ranks(store: Any, key: str, rank: int, world: int, what: str, wait_s: 
     def ready() -> bool:
         return store.check(keys) or time.monotonic() >= deadline
 
-    poll(ready, what)
+    poll(ready, what, alive)
     return [r for r in range(world) if not store.check([keys[r]])]
 
 
