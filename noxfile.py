@@ -1,8 +1,9 @@
 """From toy to full scale. Each session installs what it needs from this repo's files.
 
     nox -s tests        every test: core, toy experiments, health, planner, scale trainer on CPU
-    nox -s toy          the four failure-mode experiments, the ladder, the off-policy family, prompt
-                        selection in one pass (``dapo toy suite``); writes the toy gate
+    nox -s toy          the four failure-mode experiments, the ladder and prompt selection in one
+                        pass (``dapo toy suite``, about a minute on 2 cores); writes the toy gate
+    nox -s off_policy   the off-policy family at its planned 32 + 32 seeds -> runs/off_policy (~10 min)
     nox -s report       health reports: the toy runs diagnosed, the rule confusion matrix, the calibration
     nox -s scale_smoke  a tiny random Qwen2 through accelerate + vLLM on CPU: train, export, eval
     nox -s rehearsal    a multi-node run on CPU: 2 simulated nodes x 2 processes, FSDP2, vLLM per
@@ -219,15 +220,25 @@ def losses(session: nox.Session) -> None:
 
 @nox.session
 def toy(session: nox.Session) -> None:
-    """The main job: every toy family in one pass (``dapo toy suite``: the four failure-mode
-    experiments on 10 + 10 paired seeds, the ladder, the off-policy family, prompt selection)
-    into runs/toy, runs/ladder, runs/off_policy, runs/prompt_selection; on success writes the
-    toy gate for this commit and the algo config (``-- --config FILE``). Installs only what
-    the toys and the gate need (no transformers, no vLLM)."""
+    """The main job: the toy families in one pass (``dapo toy suite``: the four failure-mode
+    experiments on 10 + 10 paired seeds, the ladder, prompt selection) into runs/toy,
+    runs/ladder, runs/prompt_selection; on success writes the toy gate for this commit and the
+    algo config (``-- --config FILE``). Installs only what the toys and the gate need (no
+    transformers, no vLLM). The off-policy family is ``nox -s off_policy``."""
     config, _ = _config(session, "qwen2.5-32b-dapo")
     _install(session, "toy,report,gate")
     session.run("dapo", "toy", "suite", "--seeds", "10", "--out", "runs")
     session.run("dapo", "gate", "write", "--config", config, "--toy-summary", "runs/toy/summary.json")
+
+
+@nox.session
+def off_policy(session: nox.Session) -> None:
+    """The off-policy family (``dapo toy off-policy``) at the seed count its power calculation
+    sets (32 + 32) into runs/off_policy (``-- OUT`` elsewhere; reports/off_policy is the
+    committed one): the tolerated-staleness table ``dapo train`` reads."""
+    _install(session, "toy,report")
+    out = session.posargs[0] if session.posargs else "runs/off_policy"
+    session.run("dapo", "toy", "off-policy", "--out", out, "--quiet")
 
 
 @nox.session

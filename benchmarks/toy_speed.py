@@ -6,6 +6,7 @@ run. Writes benchmarks/results/toy_speed.json.
     python benchmarks/toy_speed.py            # ~11 minutes on 2 cores (the loop is the slow part)
     python benchmarks/toy_speed.py --only ladder_both_blocks
     python benchmarks/toy_speed.py --budget --baseline d0e9722 [--check-all]   # ~15-25 minutes
+    python benchmarks/toy_speed.py --scaling     # ~1 minute: a batched step's fixed and per-run cost
 
 ``--budget`` checks the baseline out into a temporary git worktree and runs, in each tree
 (``python -m dapo.cli`` with that tree first on ``PYTHONPATH``, the interpreter running this
@@ -135,7 +136,8 @@ NOX_TOY_BEFORE = [  # the body of `nox -s toy` before `dapo toy suite`: four com
 NOX_TOY_NOW = [["toy", "suite", "--seeds", "10", "--out", "runs", "--quiet"], GATE]
 BUDGET_ROWS = {  # row -> (what, goal in seconds, commands in a tree without `toy suite`, with it)
     "nox_toy_body": (
-        "`nox -s toy`'s run with its environment in place (every family, both seed blocks, the gate)",
+        "`nox -s toy`'s run with its environment in place (the failure modes, the ladder and prompt "
+        "selection on both seed blocks, the gate; the baseline's suite also held the off-policy family)",
         60.0,
         NOX_TOY_BEFORE,
         NOX_TOY_NOW,
@@ -188,7 +190,8 @@ def budget(baseline: str, rows: list[str]) -> dict:
         out: dict = {}
         for row in rows:
             what, goal, before, now = BUDGET_ROWS[row]
-            b = _timed(base, before)
+            # a baseline with `toy suite` runs its own suite (which then held every family)
+            b = _timed(base, (now or before) if (base / "toybench" / "suite.py").exists() else before)
             n = _timed(here, now or before)
             out[row] = {
                 "what": what,
@@ -205,11 +208,65 @@ def budget(baseline: str, rows: list[str]) -> dict:
         subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=here, check=False)
 
 
+# ---- scaling: what a batched step costs, fixed and per run ---------------------------------
+
+SCALING_RUNS = (1, 10, 40, 120)
+SCALING_STEPS = 20
+
+
+def _scaling_arms() -> dict[str, tuple]:
+    from toybench.off_policy import grid_experiment
+
+    return {
+        "entropy_collapse/symmetric (4 epochs)": (REGISTRY["entropy_collapse"], "symmetric"),
+        "length_bias/sample_level": (REGISTRY["length_bias"], "sample_level"),
+        "zero_gradient/dynamic_sampling": (REGISTRY["zero_gradient"], "dynamic_sampling"),
+        "off_policy/dapo_k2_token_tis": (grid_experiment(), "dapo_k2_token_tis"),
+    }
+
+
+def scaling() -> dict:
+    """CPU seconds of one batched step of R runs of one arm (``train_many``, this process, one
+    thread), for R in :data:`SCALING_RUNS`, fitted as ``fixed + R * per_run``: ``fixed`` is
+    what a step costs whatever it holds (Python, the dispatch of each op), ``per_run`` what each
+    run adds: the arithmetic over its tokens (the DAPO core's loss, advantages and update, in
+    float64, which the engine keeps bit for bit with the per-run loop) and the engine's own
+    gathers and copies of its rows. With the scheduler's 40 runs a job,
+    ``arithmetic_share_at_40_runs`` = ``per_run * 40 / (fixed + per_run * 40)``: what a step
+    costs that no rewrite of its Python or its dispatch removes."""
+    import numpy as np
+
+    from toybench.engine import train_many
+
+    torch.set_num_threads(1)
+    out = {}
+    for label, (exp, arm) in _scaling_arms().items():
+        xs, ys = [], []
+        for r in SCALING_RUNS:
+            specs = [exp.spec(arm, s, steps=SCALING_STEPS) for s in range(r)]
+            t0 = time.process_time()
+            train_many(specs)
+            ys.append((time.process_time() - t0) / SCALING_STEPS * 1e3)
+            xs.append(r)
+        per_run, fixed = np.polyfit(xs, ys, 1)
+        out[label] = {
+            "ms_per_batched_step": {str(r): round(y, 2) for r, y in zip(xs, ys)},
+            "fixed_ms_per_step": round(float(fixed), 2),
+            "per_run_ms_per_step": round(float(per_run), 3),
+            "arithmetic_share_at_40_runs": round(float(per_run * 40 / (fixed + per_run * 40)), 3),
+        }
+        print(label, json.dumps(out[label]), flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", action="store_true", help="time the budget rows against --baseline")
     ap.add_argument("--baseline", default="d0e9722", help="the commit the budget rows compare against")
     ap.add_argument("--check-all", action="store_true", help="with --budget: also `dapo toy check --all`")
+    ap.add_argument(
+        "--scaling", action="store_true", help="a batched step's fixed and per-run CPU cost, per family"
+    )
     ap.add_argument(
         "--only",
         nargs="+",
@@ -223,6 +280,18 @@ def main(argv: list[str] | None = None) -> None:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     path = Path(__file__).parent / "results" / "toy_speed.json"
+    if args.scaling:
+        out = json.loads(path.read_text()) if path.exists() else {}
+        out["scaling"] = {
+            "command": "python benchmarks/toy_speed.py --scaling",
+            "commit": commit,
+            "date": time.strftime("%Y-%m-%d"),
+            "processor": platform.processor() or platform.machine(),
+            "steps": SCALING_STEPS,
+            "arms": scaling(),
+        }
+        path.write_text(json.dumps(out, indent=2) + "\n")
+        return
     if args.budget:
         out = json.loads(path.read_text()) if path.exists() else {}
         rows = ["nox_toy_body", "run_all", "check_dapo", *(["check_all"] if args.check_all else [])]

@@ -59,11 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     su = sub.add_parser(
         "suite",
-        help="every family in one pass: failure modes, ladder, off-policy, prompt selection",
-        description="Run the four failure modes, the Table-1 ladder, the off-policy family and prompt "
-        "selection as one set of runs over the cores (a run two families share is trained once), "
-        "then write what each family's own command writes under OUT/toy, OUT/ladder, "
-        "OUT/off_policy and OUT/prompt_selection (what `nox -s toy` runs).",
+        help="the main job's families in one pass: failure modes, ladder, prompt selection",
+        description="Run the four failure modes, the Table-1 ladder and prompt selection as one set of "
+        "runs over the cores, then write what each family's own command writes under OUT/toy, "
+        "OUT/ladder and OUT/prompt_selection (what `nox -s toy` runs). The off-policy family is its "
+        "own job (`dapo toy off-policy`, `nox -s off_policy`): its table needs 32 + 32 seeds.",
         epilog="exit status: 0 the runs finished, whatever their verdicts (`dapo gate write` judges "
         "OUT/toy/summary.json); 2 bad input.",
     )
@@ -409,8 +409,7 @@ def _suite(args, argv) -> int:
     )
     command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
     paths = write_suite(result, args.out, command, plots=not args.no_plots, steps=args.steps)
-    for name in ("ladder", "off_policy"):
-        print(markdown_as_text(paths[name].read_text(), tables=1))
+    print(markdown_as_text(paths["ladder"].read_text(), tables=1))
     table = format_table(result.families["prompt_selection"])
     print(table[: table.index("\n== verdicts")] if "\n== verdicts" in table else table)
     print(closing_summary(result, paths))

@@ -166,9 +166,7 @@ def verdict_block(toy_summary: Path, summary: dict) -> str:
     here = Path(toy_summary).parent
     figures = sorted(here.glob("*/*.png"))  # runs/toy/<experiment>/<experiment>.png
     # the other families of `dapo toy suite`, when the summary is the suite's (runs/toy)
-    figures += sorted(
-        p for fam in ("ladder", "off_policy", "prompt_selection") for p in (here.parent / fam).rglob("*.png")
-    )
+    figures += sorted(p for fam in ("ladder", "prompt_selection") for p in (here.parent / fam).rglob("*.png"))
     lines.append("== figures")
     lines += [f"   {p}" for p in figures] or ["   none (plots need matplotlib; drawn unless --no-plots)"]
     return "\n".join(lines)
