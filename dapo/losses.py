@@ -238,7 +238,8 @@ def per_run(
     sum is each run's own).
 
     A loss that returns a bare tensor, or stats without :func:`dapo.loss.ratio_stats`'s
-    keys, gets those keys measured on its inputs. ``agg_denominator`` of shape [...] is
+    keys, gets those keys measured on its inputs, once over all runs (outside the calls:
+    the same per-run values, for a fraction of the cost). ``agg_denominator`` of shape [...] is
     handed out one value per call, and ``is_weights`` [..., B, T] (off-policy weights) one
     [B, T] slice per call.
 
@@ -259,8 +260,11 @@ def per_run(
         loss, stats = out if isinstance(out, tuple) else (out, {})
         if not isinstance(loss, Tensor) or loss.dim() != 0:
             raise TypeError(f"a policy loss must return a scalar tensor, got {type(loss).__name__}")
-        base = ratio_stats(lp, old, adv, m, eps_low=kw["eps_low"], eps_high=kw["eps_high"])
-        return loss, {k: stats.get(k, v) if isinstance(stats, dict) else v for k, v in base.items()}
+        return loss, {k: stats[k] for k in _STAT_KEYS if isinstance(stats, dict) and k in stats}
+
+    def measured(flat: list[Tensor], kw: dict[str, Any]) -> dict[str, Tensor]:
+        """:func:`ratio_stats` of every run at once, each run's values its own."""
+        return ratio_stats(*flat, eps_low=kw["eps_low"], eps_high=kw["eps_high"])
 
     def looped(
         flat: list[Tensor], den: Any, weights: Tensor | None, kw: dict[str, Any]
@@ -269,8 +273,9 @@ def per_run(
         dens = list(den) if isinstance(den, Tensor) and den.dim() > 0 else [den] * n
         ws: list[Tensor | None] = [None] * n if weights is None else list(weights)
         outs = [one(lp, old, adv, m, d, w, kw) for lp, old, adv, m, d, w in zip(*flat, dens, ws)]
+        base = measured(flat, kw)
         return torch.stack([o[0] for o in outs]), {
-            k: torch.stack([o[1][k] for o in outs]) for k in outs[0][1]
+            k: torch.stack([o[1].get(k, v[i]) for i, o in enumerate(outs)]) for k, v in base.items()
         }
 
     def mapped(
@@ -289,7 +294,8 @@ def per_run(
             vm: Callable[..., tuple[Tensor, dict[str, Tensor]]] = torch.func.vmap(
                 call, in_dims=(0, 0, 0, 0, den_dim, w_dim), randomness="error"
             )
-            return vm(*flat, den, weights)
+            loss, own = vm(*flat, den, weights)
+        return loss, {**measured(flat, kw), **own}
 
     def lifted(
         logp: Tensor,
@@ -306,7 +312,8 @@ def per_run(
         weights = kw.pop("is_weights", None)
         kw = {"eps_low": eps_low, "eps_high": eps_high, **kw}
         if logp.dim() == 2:
-            return one(logp, old_logp, advantages, mask, agg_denominator, weights, kw)
+            loss, own = one(logp, old_logp, advantages, mask, agg_denominator, weights, kw)
+            return loss, {**measured([logp, old_logp, advantages, mask], kw), **own}
         lead = logp.shape[:-2]
         flat = [t.reshape(-1, *t.shape[len(lead) :]) for t in (logp, old_logp, advantages, mask)]
         den = agg_denominator
@@ -327,6 +334,20 @@ def per_run(
         return loss.reshape(lead), {k: v.reshape(lead) for k, v in stats.items()}
 
     return lifted
+
+
+_STAT_KEYS = (
+    "clipfrac_upper",
+    "clipfrac_lower",
+    "dual_clipfrac",
+    "upclip_old_prob",
+    "approx_kl",
+    "ratio_mean",
+    "n_tokens",
+    "n_upclip",
+)
+"""The keys of :func:`dapo.loss.ratio_stats`: a lifted loss's own stats under these names are
+kept, the rest measured."""
 
 
 def _same_runs(

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo.loss import policy_loss, window_denominator
+from dapo.loss import policy_loss, ratio_stats, window_denominator
 from dapo.losses import cispo_loss, clip_cov_loss, gspo_loss, kl_cov_loss, per_run
 from toybench.losses import CONTRACT, LossSpecError, parse_spec, probe_contract, probe_knobs, resolve
 
@@ -207,6 +207,37 @@ def test_per_run_makes_one_call_where_vmap_gives_the_loop_bit_for_bit(seed, agg,
         first = n_runs + 1
         calls_made = len(calls)
         assert calls_made == (first + 2 if vectorised else first + 2 * n_runs), fn.__name__
+
+
+def _bare(logp, old_logp, advantages, mask, **kw):
+    """A loss written for one batch that returns no stats at all."""
+    return policy_loss(logp, old_logp, advantages, mask, **kw)[0]
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), agg=st.sampled_from(AGGS), n_runs=st.integers(1, 4))
+def test_per_run_measures_the_stats_a_loss_leaves_out_as_each_run_alone_gives_them(seed, agg, n_runs):
+    """The keys a loss does not return are measured once over all runs, outside its calls:
+    each run's values are bit for bit ratio_stats on that run alone (so a metric does not
+    depend on which runs share a call), on the loop and, from the second call, under vmap;
+    the keys a loss returns are its own."""
+    runs = [batch(seed + i, empty_row=i == 1) for i in range(n_runs)]
+    alone = [ratio_stats(lp.detach(), old, adv, m, eps_low=0.2, eps_high=0.28) for lp, old, adv, m in runs]
+
+    def own_n_tokens(logp, old_logp, advantages, mask, **kw):
+        return _bare(logp, old_logp, advantages, mask, **kw), {"n_tokens": mask.sum() * 0 + 7.0}
+
+    for vectorise in (False, True):
+        lifted = per_run(_bare, vectorise=vectorise)
+        for _ in range(2):  # with vectorise: the checking first call, then vmap alone
+            _, stats, _ = _stacked_value_grad(lifted, runs, agg)
+            assert list(stats) == list(alone[0])
+            for i in range(n_runs):
+                for k, v in alone[i].items():
+                    assert torch.equal(stats[k][i].nan_to_num(), v.nan_to_num()), (k, i, vectorise)
+        _, stats, _ = _stacked_value_grad(per_run(own_n_tokens, vectorise=vectorise), runs, agg)
+        assert torch.equal(stats["n_tokens"], torch.full((n_runs,), 7.0, dtype=stats["n_tokens"].dtype))
+        assert torch.equal(stats["approx_kl"], torch.stack([a["approx_kl"] for a in alone]))
 
 
 def test_per_run_keeps_the_loop_for_a_loss_whose_calls_differ():
