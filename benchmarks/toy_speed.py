@@ -241,16 +241,15 @@ def scaling() -> dict:
     torch.set_num_threads(1)
     out = {}
     for label, (exp, arm) in _scaling_arms().items():
-        xs, ys = [], []
+        ys = []
         for r in SCALING_RUNS:
             specs = [exp.spec(arm, s, steps=SCALING_STEPS) for s in range(r)]
             t0 = time.process_time()
             train_many(specs)
             ys.append((time.process_time() - t0) / SCALING_STEPS * 1e3)
-            xs.append(r)
-        per_run, fixed = np.polyfit(xs, ys, 1)
+        per_run, fixed = np.polyfit(SCALING_RUNS, ys, 1)
         out[label] = {
-            "ms_per_batched_step": {str(r): round(y, 2) for r, y in zip(xs, ys)},
+            "ms_per_batched_step": {str(r): round(y, 2) for r, y in zip(SCALING_RUNS, ys)},
             "fixed_ms_per_step": round(float(fixed), 2),
             "per_run_ms_per_step": round(float(per_run), 3),
             "arithmetic_share_at_40_runs": round(float(per_run * 40 / (fixed + per_run * 40)), 3),

@@ -336,18 +336,18 @@ def per_run(
     return lifted
 
 
-_STAT_KEYS = (
-    "clipfrac_upper",
-    "clipfrac_lower",
-    "dual_clipfrac",
-    "upclip_old_prob",
-    "approx_kl",
-    "ratio_mean",
-    "n_tokens",
-    "n_upclip",
+_STAT_KEYS = tuple(
+    ratio_stats(
+        torch.zeros(1, 1),
+        torch.zeros(1, 1),
+        torch.zeros(1),
+        torch.ones(1, 1, dtype=torch.bool),
+        eps_low=0,
+        eps_high=0,
+    )
 )
-"""The keys of :func:`dapo.loss.ratio_stats`: a lifted loss's own stats under these names are
-kept, the rest measured."""
+"""The keys of :func:`dapo.loss.ratio_stats` (taken from it, not restated): a lifted loss's own
+stats under these names are kept, the rest measured."""
 
 
 def _same_runs(

@@ -2,8 +2,8 @@
 
 The four failure modes (``dapo toy run all``), the Table-1 ladder (``dapo toy ladder``) and
 prompt selection (``dapo toy run prompt_selection``) are planned as one set of runs: one
-scheduler spreads them over the cores (no family waits for another's last job), a run two
-families share is trained once, and torch is imported once. Each family then writes exactly
+scheduler spreads them over the cores (no family waits for another's last job), and torch is
+imported once. Each family then writes exactly
 what its own command writes, under ``out/<family>``; the results are those of the separate
 commands, run for run (each run owns its random stream, whoever trains it).
 
@@ -47,9 +47,7 @@ class SuiteResult:
     families: dict[str, list[ExperimentResult]]
     wall_seconds: float
     runs: int
-    """Runs trained (after runs shared by two families were merged)."""
-    run_ids: int
-    """(experiment, arm, seed) triples the families ask for."""
+    """Runs trained."""
 
 
 def run_suite(
@@ -70,7 +68,7 @@ def run_suite(
     wall = time.perf_counter() - t0
     by_name = {r.experiment.name: r for r in results}
     out = {name: [by_name[e.name] for e in fams[name]] for name in FAMILIES}
-    return SuiteResult(out, wall, stats["runs"], stats["run_ids"])
+    return SuiteResult(out, wall, stats["runs"])
 
 
 def write_suite(
@@ -103,10 +101,6 @@ def closing_summary(result: SuiteResult, paths: dict[str, Path]) -> str:
     lines.append("== reports")
     for name in FAMILIES:
         lines.append(f"   {name:<18} {paths[name]}")
-    shared = result.run_ids - result.runs
-    lines.append(
-        f"{result.runs} runs{f' ({shared} shared by two families)' if shared else ''} in "
-        f"{result.wall_seconds:.1f} s wall"
-    )
+    lines.append(f"{result.runs} runs in {result.wall_seconds:.1f} s wall")
     lines.append("the off-policy family is its own job: `nox -s off_policy` (`dapo toy off-policy`)")
     return "\n".join(lines)
