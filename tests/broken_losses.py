@@ -70,11 +70,20 @@ def always_nan(logp, old_logp, advantages, mask, **knobs):
 
 def nan_on_empty_rows(logp, old_logp, advantages, mask, *, eps_low, eps_high, **knobs):
     """Per-response means divided by each response's length: 0/0 = NaN for a row with no
-    loss token (padding rows, filtered responses) (empty-row probe, skipped steps)."""
+    loss token (padding rows, filtered responses) (empty-row probe: the experiments' arms
+    filter no response, so their windows hold no such row)."""
     pg = _surrogate(logp, old_logp, advantages, eps_low, eps_high)
     m = mask.to(pg.dtype)
     per_row = (pg * m).sum(-1) / m.sum(-1)
     return per_row.mean()
+
+
+def nan_on_uniform_windows(logp, old_logp, advantages, mask, *, eps_low, eps_high, **knobs):
+    """Advantages rescaled by the window's largest |advantage| (a normalisation written
+    without a guard): 0/0 = NaN in every window whose groups are all right or all wrong, on the
+    experiments' batches only, since every probe batch has a non-zero advantage (skipped steps)."""
+    scaled = advantages / advantages.abs().amax()
+    return _masked_mean(_surrogate(logp, old_logp, scaled, eps_low, eps_high), mask)
 
 
 def nan_when_fully_masked(logp, old_logp, advantages, mask, *, eps_low, eps_high, **knobs):
@@ -208,6 +217,7 @@ EPS = ("eps_low", "eps_high")
 for _fn in (
     inverted_ratio,
     nan_on_empty_rows,
+    nan_on_uniform_windows,
     nan_when_fully_masked,
     padding_counted,
     mask_shifted,
@@ -234,6 +244,7 @@ BROKEN: dict[str, str] = {
     "inverted_ratio": "contract (gradient_sign)",
     "always_nan": "contract (finite)",
     "nan_on_empty_rows": "contract (empty_rows)",
+    "nan_on_uniform_windows": "skips ",
     "nan_when_fully_masked": "contract (fully_masked)",
     "padding_counted": "contract (padding)",
     "mask_shifted": "contract (padding)",

@@ -48,6 +48,36 @@ def test_per_sequence_aggregation_is_caught_by_name():
     assert any("length_bias" in f for f in r.failures)
 
 
+def _same_logs(a, b):
+    return repr(a) == repr(b)  # NaN-safe: a metric with no tokens to average is NaN in both
+
+
+def test_a_later_check_reuses_the_built_in_arms_and_its_results_equal_a_fresh_run():
+    """What an earlier call in this process trained (the unprotected and fix arms, a built-in
+    candidate) is not trained again; a user's loss is (its module may have changed). Every log is
+    the one a call without the memo gives, and a caller that edits a log it got edits no one else's."""
+    from toybench import memo
+    from toybench.check import derived_experiment
+    from toybench.experiment import run_experiments, with_steps
+    from toybench.losses import resolve
+
+    memo.clear()
+    losses = [resolve("cispo"), resolve("broken_losses:symmetric_clip")]
+    exp = with_steps(derived_experiment(MODES["entropy_collapse"], losses, {}), 12)
+    kw = dict(seeds=2, jobs=1, progress=False)
+    fresh = run_experiments([exp], **kw)[0]  # without the memo: nothing kept
+    first, second = {}, {}
+    run_experiments([exp], memo=True, stats=first, **kw)
+    again = run_experiments([exp], memo=True, stats=second, **kw)[0]
+    assert (first["runs"], first["reused"]) == (16, 0)  # 4 arms x 4 seeds, trained
+    assert (second["runs"], second["reused"]) == (4, 12)  # the user's loss alone, trained again
+    assert _same_logs(again.logs, fresh.logs) and _same_logs(again.summaries, fresh.summaries)
+    again.logs[MODES["entropy_collapse"].fix][0][0]["actor/entropy"] = -1.0
+    third = run_experiments([exp], memo=True, **kw)[0]
+    assert _same_logs(third.logs, fresh.logs)
+    memo.clear()
+
+
 def test_dapo_loss_is_its_own_fix_and_cannot_fix_sampling():
     """DAPO's loss with its recipe *is* the fix arm on the two loss failure modes (share of
     the fix exactly 1, zero-width gap) and changes nothing where the fix is sampling."""
@@ -152,9 +182,10 @@ def test_every_unrunnable_loss_is_refused_in_one_line(name, capsys):
 def test_the_learning_gate_on_all_four_tasks():
     """A loss that un-learns (sign flip) gets `cannot judge: learns too little` on every task and no share of
     the fix (it used to be rated better than DAPO's fix on entropy and length); a loss that
-    is NaN on empty rows is caught by its skipped steps; DAPO's loss learns everywhere."""
+    is NaN in windows of uniform groups passes every probe and is caught by its skipped steps;
+    DAPO's loss learns everywhere."""
     dapo, flip, nan_rows = check(
-        ["dapo", "broken_losses:sign_flip", "broken_losses:nan_on_empty_rows"], seeds=3, jobs=2
+        ["dapo", "broken_losses:sign_flip", "broken_losses:nan_on_uniform_windows"], seeds=3, jobs=2
     )
     assert dapo.learns and dapo.passed, dapo.failures
     for mode in MODES:
@@ -165,8 +196,11 @@ def test_the_learning_gate_on_all_four_tasks():
             f.startswith(f"cannot judge protection on {mode}'s task: learns too little")
             for f in flip.failures
         )
-    skipping = [m for m in nan_rows.modes.values() if m.learning.skipped_share > MAX_SKIPPED_SHARE]
-    assert skipping and any(f.startswith("skips ") for f in nan_rows.failures)
+    assert not nan_rows.contract  # the probes' batches all carry a non-zero advantage
+    skipping = [m.mode for m in nan_rows.modes.values() if m.learning.skipped_share > MAX_SKIPPED_SHARE]
+    assert "zero_gradient" in skipping  # its unprotected arm keeps uniform groups
+    for mode in skipping:
+        assert any(f.startswith("skips ") and f"in {mode}'s runs" in f for f in nan_rows.failures)
     assert dapo.modes["zero_gradient"].learning.skipped == 0
 
 

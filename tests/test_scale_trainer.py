@@ -220,6 +220,21 @@ def test_vllm_engine_three_steps_weights_stay_in_sync(tiny, tmp_path):
             assert m["mismatch/logp_gap_max"] < 1e-4, m
 
 
+@pytest.fixture(scope="module")
+def one_process_update(tiny, tmp_path_factory):
+    """The update of one process on the whole batch, in the order the 2-rank runs split it
+    (2 ranks x 2 groups, windows of 2 groups = one group per rank: global windows {0,2}, {1,3}):
+    what every sharding below must give. Run once for all of them."""
+    one = tmp_path_factory.mktemp("one-process") / "one.pt"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DAPO_CHECK_COLLECTIVES", "1")
+        run_script(
+            [str(Path(__file__).parent / "dp_worker.py"), str(tiny["model"]), str(one), "--order", "0,2,1,3"],
+            nproc=1,
+        )
+    return one
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "options",
@@ -231,7 +246,7 @@ def test_vllm_engine_three_steps_weights_stay_in_sync(tiny, tmp_path):
     ],
     ids=["ddp", "fsdp2", "fsdp2-packed-token-budget", "fsdp2-offload"],
 )
-def test_two_gloo_processes_equal_one(tiny, tmp_path, options, monkeypatch):
+def test_two_gloo_processes_equal_one(tiny, one_process_update, tmp_path, options, monkeypatch):
     """The update on 2 ranks (DDP, or FSDP2 with rank 0 reading the weights and the others
         receiving shards; optionally packed micro-batches by token budget, unequal in number per
         rank before equalisation, or FSDP2's CPU offload) gives the weights of 1 process on the
@@ -241,9 +256,7 @@ def test_two_gloo_processes_equal_one(tiny, tmp_path, options, monkeypatch):
     collectives and raise nothing spurious)."""
     monkeypatch.setenv("DAPO_CHECK_COLLECTIVES", "1")
     worker = str(Path(__file__).parent / "dp_worker.py")
-    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    # 2 ranks x 2 groups, windows of 2 groups = one group per rank: global windows {0,2}, {1,3}
-    run_script([worker, str(tiny["model"]), str(one), "--order", "0,2,1,3"], nproc=1)
+    one, two = one_process_update, tmp_path / "two.pt"
     run_script([worker, str(tiny["model"]), str(two), *options], nproc=2)
     a = torch.load(one, weights_only=True)
     b = torch.load(two, weights_only=True)

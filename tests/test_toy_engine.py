@@ -131,6 +131,32 @@ def test_other_policy_losses_match_the_loop_and_share_a_batch(exp_name):
     assert len({tuple(table[i].flatten().tolist()[:50]) for i in range(0, len(specs), 2)}) > 1
 
 
+def test_a_loss_gets_only_its_runs_window_beside_an_arm_that_splits_its_rows_otherwise():
+    """In zero_gradient's batch the dynamic-sampling arm keeps fewer groups than the arm without
+    it when rounds run out, so their windows cover different rows and one window slot spans
+    rows of several windows. A loss that is not built in gets exactly its run's window, as the
+    loop gives it (it used to get the slot's other rows too, fully masked: a loss NaN on such
+    a row skipped steps the loop never skips, and a per-response mean counted them)."""
+    from dataclasses import replace
+
+    exp = REGISTRY["zero_gradient"]
+    no_ds, ds = exp.arms
+    assert exp.arms[ds].cfg.dynamic_sampling and not exp.arms[no_ds].cfg.dynamic_sampling
+    losses = ("broken_losses:nan_on_empty_rows", "broken_losses:paper_dapo", "kl_cov")
+    specs = [exp.spec(ds, seed, steps=40) for seed in (0, 3)] + [
+        replace(exp.spec(no_ds, seed, steps=40), loss=loss) for loss in losses for seed in (0, 3)
+    ]
+    assert len({batch_key(s) for s in specs}) == 1
+    ref, ref_tables = _loop_with_tables(specs)
+    got, table = _engine_with_tables(specs)
+    for i, s in enumerate(specs):
+        assert_logs_match(ref[i], got[i], (s.loss, s.seed))
+        assert torch.equal(ref_tables[i], table[i]), (s.loss, s.seed)
+    kept = [m["actor/optimizer_steps"] for log in got[:2] for m in log]
+    assert min(kept) < max(kept)  # the dynamic-sampling runs did split their rows otherwise
+    assert all(m.get("actor/skipped_steps", 0) == 0 for log in got for m in log)
+
+
 def test_ladder_variants_and_injected_nan_steps_match_the_loop():
     lad = ladder_experiment(steps=5)
     specs = [lad.spec(arm, 3) for arm in lad.arms] + [FAULTS.spec("nan_steps", 2, steps=12)]

@@ -500,8 +500,15 @@ def check(
                     "geo_rs, k3_rs) or multiply is_weights into the per-token loss"
                 )
     experiments = [derived_experiment(MODES[m], losses, overrides, off_policy) for m in modes]
+    # the unprotected and fix arms (built-in losses) of an earlier check on these seeds are reused
     done = run_experiments(
-        experiments, seeds=seeds, seed_start=seed_start, confirm=confirm, jobs=jobs, progress=progress
+        experiments,
+        seeds=seeds,
+        seed_start=seed_start,
+        confirm=confirm,
+        jobs=jobs,
+        progress=progress,
+        memo=True,
     )
     for m, res in zip(modes, done):
         _judge(MODES[m], res, results)

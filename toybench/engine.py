@@ -24,7 +24,9 @@ for it alone (per-token terms are elementwise; a run's rows accumulate into its 
 of the table in the same order; the rows outside a window contribute exact zeros), so
 trajectories (sampled tokens, tables, exact accuracies) are bitwise identical to the
 per-run loop. Reported reductions over a run's tokens (loss, clip fractions, grad norm)
-may differ from the loop's in the last bits. Not covered, and run by the per-run loop
+may differ from the loop's in the last bits. A loss that is not one of the batched
+built-ins is called on exactly its run's window (:meth:`_Members.windows`), never on rows a
+batch-mate's window geometry adds, so its trajectory does not depend on its batch either. Not covered, and run by the per-run loop
 instead: the GRU policy (its parameters are shared across a batch) and the injected
 engine noise of the health checks. ``max_grad_norm`` is honoured per run, but there the
 clip factor depends on the grad norm's last bits.
@@ -32,6 +34,7 @@ clip factor depends on the grad norm's last bits.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,6 +54,8 @@ from dapo.loss import window_denominator
 from dapo.offpolicy import correct, finish, require_weights
 from dapo.prompt_selection import PromptSelection, parse_spec, select
 
+from .losses import BUILTIN as BUILTIN_LOSSES
+from .losses import parse_spec as parse_loss_spec
 from .losses import resolve as resolve_loss
 from .policies import (
     EOS,
@@ -132,8 +137,36 @@ class _Members:
     def __init__(self, cfg: AlgoConfig, members: list[int], n_runs: int, loss: str = "dapo"):
         self.cfg = cfg
         self.loss_fn = resolve_loss(loss).fn
+        name = parse_loss_spec(loss)[0]
+        # DAPO's core and the batched built-ins weigh a fully masked row by exact zeros
+        self.any_rows = name in BUILTIN_LOSSES and BUILTIN_LOSSES[name].batched
         self.members = members
         self.index = None if len(members) == n_runs else torch.tensor(members)
+
+    def windows(self, start: list[int], count: list[int]) -> list[tuple[_Members, slice]]:
+        """The loss calls of one window slot: each with its runs and their rows (of the slot's).
+
+        A window is a contiguous range of its run's rows; where the runs of a batch split
+        their rows differently (a dynamic-sampling arm beside one without), the slot spans
+        every run's window, so a run's share of it holds rows of its other windows, fully
+        masked. A loss that is not known to weigh those by exact zeros (a user's, a peer's,
+        Clip-Cov's, which seeds its token draw from the batch) is called on exactly its
+        run's window, as :func:`toybench.runner.train` calls it: runs whose windows
+        coincide share a call. ``start`` and ``count`` give each run's window in the slot
+        (``count`` 0: no window there, and no call)."""
+        if self.any_rows:
+            return [(self, slice(None))]
+        by: dict[tuple[int, int], list[int]] = {}
+        for r in self.members:
+            if count[r]:
+                by.setdefault((start[r], count[r]), []).append(r)
+        calls = []
+        for (lo, n), members in by.items():
+            sub = self if members == self.members else copy.copy(self)
+            if sub is not self:
+                sub.members, sub.index = members, torch.tensor(members)
+            calls.append((sub, slice(lo, lo + n)))
+        return calls
 
     def pick(self, x: Tensor) -> Tensor:
         return x if self.index is None else x[self.index]
@@ -567,25 +600,31 @@ class _Engine:
                 loss = torch.zeros(R, dtype=torch.float64)
                 stats = torch.zeros(R, len(_STATS), dtype=torch.float64)
                 total = torch.zeros((), dtype=torch.float64)
+                count = in_win.sum(1)
+                start = torch.where(count > 0, in_win.to(torch.uint8).argmax(1), 0).tolist()
+                count = count.tolist()
                 for grp in self.groups["loss"]:
                     c = grp.cfg
-                    weight_kw = {} if weights is None else {"is_weights": grp.pick(weights[:, rows])}
-                    li, si = grp.loss_fn(
-                        grp.pick(logp),
-                        grp.pick(ratio_logp[:, rows]),
-                        grp.pick(adv[:, rows]),
-                        grp.pick(slot_mask),
-                        eps_low=c.eps_low,
-                        eps_high=c.eps_high,
-                        clip_ratio_c=c.clip_ratio_c,
-                        agg=c.loss_agg,
-                        agg_denominator=grp.pick(denom),
-                        norm_const=c.norm_const,
-                        **weight_kw,
-                    )
-                    total = total + torch.where(grp.pick(stepping), li, torch.zeros_like(li)).sum()
-                    grp.put(loss, li.detach())
-                    grp.put(stats, torch.stack([si[k] for k in _STATS], 1))
+                    for sub, cols in grp.windows(start, count):
+                        weight_kw = (
+                            {} if weights is None else {"is_weights": sub.pick(weights[:, rows][:, cols])}
+                        )
+                        li, si = sub.loss_fn(
+                            sub.pick(logp[:, cols]),
+                            sub.pick(ratio_logp[:, rows][:, cols]),
+                            sub.pick(adv[:, rows][:, cols]),
+                            sub.pick(slot_mask[:, cols]),
+                            eps_low=c.eps_low,
+                            eps_high=c.eps_high,
+                            clip_ratio_c=c.clip_ratio_c,
+                            agg=c.loss_agg,
+                            agg_denominator=sub.pick(denom),
+                            norm_const=c.norm_const,
+                            **weight_kw,
+                        )
+                        total = total + torch.where(sub.pick(stepping), li, torch.zeros_like(li)).sum()
+                        sub.put(loss, li.detach())
+                        sub.put(stats, torch.stack([si[k] for k in _STATS], 1))
                 total.backward()
                 grad = self.table.grad
                 norm = torch.linalg.vector_norm(grad.flatten(1), dim=1)

@@ -280,6 +280,7 @@ def run_experiments(
     engine: str = "batched",
     progress: bool = True,
     stats: dict[str, int] | None = None,
+    memo: bool = False,
 ) -> list[ExperimentResult]:
     """Run every arm of every experiment on the same seeds (paired) and evaluate them.
 
@@ -289,7 +290,10 @@ def run_experiments(
     ``batched`` stacks runs that can share a tensor computation (:mod:`toybench.engine`),
     ``loop`` trains every run on its own (:func:`toybench.runner.train`). Results depend
     on neither. A run two experiments share (the same :class:`RunSpec`) is trained once;
-    ``stats``, when given, receives ``runs`` (trained) and ``run_ids`` (asked for)."""
+    with ``memo``, so is a run of a built-in loss that an earlier call in this process trained
+    (:mod:`toybench.memo`). ``stats``, when given, receives ``runs`` (trained), ``run_ids``
+    (asked for) and ``reused`` (taken from the memo)."""
+    from . import memo as kept
     from .scheduler import execute, plan
 
     if steps is not None:
@@ -302,6 +306,7 @@ def run_experiments(
     # a run two experiments share (the same spec: a control arm, a k = 0 arm) is trained once
     same: dict[str, list[tuple[str, str, int]]] = {}
     runs = []
+    reused: dict[str, Log] = {}
     for e in experiments:
         for arm in e.arms:
             for s in seed_list:
@@ -309,16 +314,27 @@ def run_experiments(
                 key = repr(spec)
                 if key not in same:
                     same[key] = []
-                    runs.append(((e.name, arm, s), spec))
+                    k = kept.key(spec, engine) if memo else None
+                    log = kept.get(k) if k is not None else None
+                    if log is None:
+                        runs.append(((e.name, arm, s), spec))
+                    else:
+                        reused[key] = log
                 same[key].append((e.name, arm, s))
     if stats is not None:
-        stats.update(runs=len(runs), run_ids=sum(len(v) for v in same.values()))
+        stats.update(runs=len(runs), run_ids=sum(len(v) for v in same.values()), reused=len(reused))
     job_list = plan(runs, engine)
-    done = execute(job_list, jobs or os.cpu_count() or 1, show_progress=progress)
+    done = execute(job_list, jobs or os.cpu_count() or 1, show_progress=progress) if job_list else []
     logs: dict[str, dict[str, dict[int, Log]]] = {e.name: {a: {} for a in e.arms} for e in experiments}
     cpu: dict[str, float] = {e.name: 0.0 for e in experiments}
+    for key, log in reused.items():
+        for name, arm, seed in same[key]:
+            logs[name][arm][seed] = log
     for job, (pairs, secs) in zip(job_list, done):
         for (_, log), (_, spec) in zip(pairs, job.runs):
+            k = kept.key(spec, engine) if memo else None
+            if k is not None:
+                kept.put(k, log)
             users = same[repr(spec)]
             for name, arm, seed in users:
                 logs[name][arm][seed] = log
