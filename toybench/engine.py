@@ -26,8 +26,8 @@ trajectories (sampled tokens, tables, exact accuracies) are bitwise identical to
 per-run loop. Reported reductions over a run's tokens (loss, clip fractions, grad norm)
 may differ from the loop's in the last bits. A loss that is not one of the batched
 built-ins is called on exactly its run's window (:meth:`_Members.windows`), never on rows a
-batch-mate's window geometry adds, so its trajectory does not depend on its batch either. Not covered, and run by the per-run loop
-instead: the GRU policy (its parameters are shared across a batch) and the injected
+batch-mate's window geometry adds, so its trajectory does not depend on its batch either.
+Not covered, and run by the per-run loop instead: the GRU policy (its parameters are shared across a batch) and the injected
 engine noise of the health checks. ``max_grad_norm`` is honoured per run, but there the
 clip factor depends on the grad norm's last bits.
 """
@@ -162,8 +162,9 @@ class _Members:
                 by.setdefault((start[r], count[r]), []).append(r)
         calls = []
         for (lo, n), members in by.items():
-            sub = self if members == self.members else copy.copy(self)
-            if sub is not self:
+            sub = self
+            if members != self.members:  # a share of the group's runs: the same loss, no new resolve
+                sub = copy.copy(self)
                 sub.members, sub.index = members, torch.tensor(members)
             calls.append((sub, slice(lo, lo + n)))
         return calls
@@ -212,6 +213,8 @@ class _Engine:
             name: [_Members(c, m, R, loss) for c, loss, m in g]
             for name, g in _config_groups(self.cfgs, [s.loss for s in specs]).items()
         }
+        # whether any loss needs each run's own window (:meth:`_Members.windows`)
+        self.exact_windows = not all(g.any_rows for g in self.groups["loss"])
         cfgs = self.cfgs
         self.max_rounds = torch.tensor([c.max_gen_rounds for c in cfgs])
         self.ds = torch.tensor([c.dynamic_sampling for c in cfgs])
@@ -600,9 +603,12 @@ class _Engine:
                 loss = torch.zeros(R, dtype=torch.float64)
                 stats = torch.zeros(R, len(_STATS), dtype=torch.float64)
                 total = torch.zeros((), dtype=torch.float64)
-                count = in_win.sum(1)
-                start = torch.where(count > 0, in_win.to(torch.uint8).argmax(1), 0).tolist()
-                count = count.tolist()
+                start: list[int] = []
+                count: list[int] = []
+                if self.exact_windows:
+                    n_in = in_win.sum(1)
+                    start = torch.where(n_in > 0, in_win.to(torch.uint8).argmax(1), 0).tolist()
+                    count = n_in.tolist()
                 for grp in self.groups["loss"]:
                     c = grp.cfg
                     for sub, cols in grp.windows(start, count):

@@ -307,6 +307,7 @@ def run_experiments(
     same: dict[str, list[tuple[str, str, int]]] = {}
     runs = []
     reused: dict[str, Log] = {}
+    keep: set[str] = set()  # the specs of trained runs the memo keeps
     for e in experiments:
         for arm in e.arms:
             for s in seed_list:
@@ -314,12 +315,14 @@ def run_experiments(
                 key = repr(spec)
                 if key not in same:
                     same[key] = []
-                    k = kept.key(spec, engine) if memo else None
-                    log = kept.get(k) if k is not None else None
-                    if log is None:
-                        runs.append(((e.name, arm, s), spec))
-                    else:
+                    kept_here = memo and kept.keeps(spec)
+                    log = kept.get((engine, key)) if kept_here else None
+                    if log is not None:
                         reused[key] = log
+                    else:
+                        runs.append(((e.name, arm, s), spec))
+                        if kept_here:
+                            keep.add(key)
                 same[key].append((e.name, arm, s))
     if stats is not None:
         stats.update(runs=len(runs), run_ids=sum(len(v) for v in same.values()), reused=len(reused))
@@ -332,10 +335,10 @@ def run_experiments(
             logs[name][arm][seed] = log
     for job, (pairs, secs) in zip(job_list, done):
         for (_, log), (_, spec) in zip(pairs, job.runs):
-            k = kept.key(spec, engine) if memo else None
-            if k is not None:
-                kept.put(k, log)
-            users = same[repr(spec)]
+            key = repr(spec)
+            if key in keep:
+                kept.put((engine, key), log)
+            users = same[key]
             for name, arm, seed in users:
                 logs[name][arm][seed] = log
             for name, _, _ in users:  # a job's CPU time, split by its runs and their users

@@ -30,9 +30,11 @@ seeds, and the built-in candidates of a few checks besides."""
 _logs: OrderedDict[tuple[str, str], Log] = OrderedDict()
 
 
-def key(spec: RunSpec, engine: str) -> tuple[str, str] | None:
-    """The run's key, or None for a run of a loss that is not built in."""
-    return (engine, repr(spec)) if parse_spec(spec.loss)[0] in BUILTIN else None
+def keeps(spec: RunSpec) -> bool:
+    """Whether a run of this spec is kept: its loss is built in. A run's key is the engine
+    that trains it and ``repr(spec)`` (what :func:`toybench.experiment.run_experiments` already
+    tells runs apart by)."""
+    return parse_spec(spec.loss)[0] in BUILTIN
 
 
 def get(k: tuple[str, str]) -> Log | None:
