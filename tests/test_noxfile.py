@@ -50,6 +50,7 @@ class _Session:
 
     def __init__(self, venv):
         self.virtualenv = type("V", (), {"location": str(venv)})()
+        self.bin = str(Path(venv) / "bin")
         self.calls = []
 
     def log(self, *args):
@@ -64,6 +65,7 @@ class _Session:
 
 def test_a_reused_environment_skips_pip_until_what_it_was_built_from_changes(tmp_path, monkeypatch):
     nf = _noxfile()
+    monkeypatch.setattr(nf, "_uv", lambda: None)  # a machine without uv: the environment's pip
     first = _Session(tmp_path)
     nf._install(first, "toy,report,gate")
     assert [c[:2] for c in first.calls] == [("install", nf.TORCH), ("install", "-e")]
@@ -78,3 +80,59 @@ def test_a_reused_environment_skips_pip_until_what_it_was_built_from_changes(tmp
     changed = _Session(tmp_path)
     nf._install(changed, "dev,scale,scale-cpu,peers")
     assert changed.calls and changed.calls[0] == ("install", "torch==9.9")
+
+
+def test_with_uv_every_install_goes_through_uv_into_the_sessions_environment(tmp_path, monkeypatch):
+    """Where uv is installed beside nox, torch, the package, the peers and the cleanup all go
+    through it, into the session's own interpreter, with pip's indexes carried over."""
+    nf = _noxfile()
+    monkeypatch.setattr(nf, "_uv", lambda: "/opt/uv/bin/uv")
+    monkeypatch.setattr(nf, "_pip_index_flags", lambda: ("--find-links", "/wheels"))
+    s = _Session(tmp_path)
+    nf._install(s, "dev,scale,scale-cpu,peers")
+    python = str(tmp_path / "bin" / "python")
+    install = ("run_install", "/opt/uv/bin/uv", "pip", "install", "--find-links", "/wheels", "--quiet")
+    assert s.calls == [
+        (*install, "--python", python, nf.TORCH),
+        (*install, "--python", python, "-e", ".[dev,scale,scale-cpu,peers]"),
+        (*install, "--python", python, "--no-deps", *nf.PEERS),
+        ("run_install", "/opt/uv/bin/uv", "pip", "uninstall", "--quiet", "--python", python, *nf.UNUSED),
+    ]
+    assert nf._installed(_Session(tmp_path), nf._stamp("dev,scale,scale-cpu,peers"))
+
+
+def test_pips_index_configuration_becomes_uvs_flags():
+    """What ``pip config list`` prints, from pip.conf scopes and ``$PIP_*`` (pip 23-26 quote
+    values with single quotes, or double where the value holds one): the environment's index
+    wins, every extra index and find-links location is kept once, other keys are ignored."""
+    nf = _noxfile()
+    base = ("--compile-bytecode", "--index-strategy", "unsafe-best-match")
+    assert nf.uv_flags("") == base
+    listing = "\n".join(
+        [
+            "global.cert='/etc/ssl/certs/ca-certificates.crt'",
+            "global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'",
+            "global.find-links='/opt/wheels'",
+            "global.index-url='https://mirror.example/simple'",
+            "install.index-url='https://install.example/simple'",
+            ":env:.default-timeout='180'",
+            ":env:.find-links='/opt/wheels'",
+            ':env:.index-url="https://env.example/simple?user=o\'brien"',
+            "user.extra-index-url='https://extra.example/simple'",
+        ]
+    )
+    assert nf.uv_flags(listing) == (
+        *base,
+        "--index-url",
+        "https://env.example/simple?user=o'brien",
+        "--extra-index-url",
+        "file:///opt/pypi/simple",
+        "--extra-index-url",
+        "file:///opt/pypi-more/simple",
+        "--extra-index-url",
+        "https://extra.example/simple",
+        "--find-links",
+        "/opt/wheels",
+    )
+    assert nf.uv_flags("global.no-index='true'\n:env:.no-index='0'") == base  # the environment wins
+    assert nf.uv_flags("global.no-index='yes'") == (*base, "--no-index")
