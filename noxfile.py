@@ -21,6 +21,9 @@
 The progression: ``nox -s tests toy report scale_smoke rehearsal`` on any machine, then ``nox -s scale
 -- --config qwen2.5-32b-dapo`` on the cluster (``-- --force`` overrides the gate, loudly).
 
+Installs go through uv where it is installed beside nox (``pip install nox uv``; CI does), with
+pip's index configuration carried over, else through each environment's pip.
+
 torch: sessions install ``$DAPO_TORCH`` first (default ``torch==2.13.0``, the CPU wheel
 these CI machines carry on disk; on a GPU cluster set DAPO_TORCH=torch or your CUDA build).
 """
@@ -121,9 +124,16 @@ def _uv() -> str | None:
     try:
         from uv import find_uv_bin
 
-        return str(find_uv_bin())
+        found: str | None = str(find_uv_bin())
     except (ImportError, FileNotFoundError):
-        return shutil.which("uv")
+        found = shutil.which("uv")
+    if found is None:
+        return None
+    try:  # a shim on PATH (pyenv, asdf) that names no installed uv is none
+        ok = subprocess.run([found, "--version"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return found if ok else None
 
 
 @functools.cache

@@ -36,19 +36,16 @@ def toy_results():
 # Without --no-loadscope-reorder, pytest-xdist (>= 3.6) reorders files by their number of tests
 # and ignores this order: in a CI run on 2026-12-06 the first files were test_rewards.py and test_cli_fuzz.py
 # (193 and 173 quick tests), test_gpu_check.py started 17 min in and ran alone for the last 100 s.
-# The order: each file's wall time in that CI run (s), longest first, but for
-# test_multiproc.py, whose tests mostly wait (a late rank, a teardown past the collective
-# timeout): early, its waits fill with the long files' work (placed 8th, it met
-# test_disaggregated_resume.py's waits and left a core 46% idle for a minute).
+# The order: each file's wall time in that CI run (s), longest first.
 SLOW_FIRST = (
     "test_check_corpus.py",  # 423
     "test_scale_trainer.py",  # 357
-    "test_multiproc.py",  # 85
     "test_check.py",  # 285
     "test_gpu_check.py",  # 211
     "test_disaggregated_resume.py",  # 203
     "test_lora.py",  # 144
     "test_toy_engine.py",  # 111
+    "test_multiproc.py",  # 85
     "test_health_against.py",  # 58
     "test_toy_experiments.py",  # 57
     "test_rollout.py",  # 38

@@ -136,3 +136,16 @@ def test_pips_index_configuration_becomes_uvs_flags():
     )
     assert nf.uv_flags("global.no-index='true'\n:env:.no-index='0'") == base  # the environment wins
     assert nf.uv_flags("global.no-index='yes'") == (*base, "--no-index")
+
+
+@pytest.mark.parametrize("status, found", [(0, True), (1, False)])
+def test_a_uv_on_path_that_does_not_run_is_none(tmp_path, monkeypatch, status, found):
+    """A shim on PATH (pyenv's, for a Python without uv) exits nonzero: the sessions use pip
+    then, rather than fail at their first install."""
+    nf = _noxfile()
+    fake = tmp_path / "uv"
+    fake.write_text(f"#!/bin/sh\nexit {status}\n")
+    fake.chmod(0o755)
+    monkeypatch.setitem(sys.modules, "uv", None)  # no uv package: PATH only
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert nf._uv.__wrapped__() == (str(fake) if found else None)
