@@ -226,8 +226,9 @@ def tests(session: nox.Session) -> None:
     # one pytest worker per core (at most 4: each holds torch, vLLM and the peers in memory); a
     # file stays on one worker (its module fixtures are built once), and the files that take
     # minutes start first (tests/conftest.py)
+    # (--no-loadscope-reorder: pytest-xdist would otherwise order files by their number of tests)
     workers = [] if "-n" in args or "-p" in args else ["-n", str(TEST_WORKERS), "--dist", "loadfile"]
-    workers += ["--no-loadscope-reorder"] * bool(workers)  # keep tests/conftest.py's longest-first order
+    workers += ["--no-loadscope-reorder"] if workers else []
     # --with-scale-cpu: scale_cpu's smoke run and rehearsal beside pytest, in this environment
     # (their waits for vLLM and for the heartbeat leave cores idle that pytest fills)
     beside = _scale_cpu_beside(session) if "--with-scale-cpu" in session.posargs else None
