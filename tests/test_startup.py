@@ -5,6 +5,7 @@ collected at teardown, after an engine froze and unfroze it too, and at the inte
 import gc
 import subprocess
 import sys
+import weakref
 
 import pytest
 from multiproc import LEAK_STATUS, MultiprocessError, run_script
@@ -58,25 +59,47 @@ def test_a_group_frozen_with_the_imports_would_outlive_teardown():
     assert f": exit status {LEAK_STATUS}" in str(err.value)
 
 
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self  # only a collection that walks it frees it
+
+
+def _frozen_garbage() -> weakref.ref:
+    """A reference cycle that is garbage once frozen: a collection frees it only after an
+    unfreeze, so whether it is still alive says whether *it* is still frozen, whatever other
+    threads (pytest-xdist's I/O thread) free or freeze meanwhile (the interpreter-wide
+    ``gc.get_freeze_count()`` moves with them: it failed this test 2 of 2 fresh-clone runs)."""
+    cycle = _Cycle()
+    ref = weakref.ref(cycle)
+    gc.freeze()
+    del cycle
+    return ref
+
+
 def test_an_unfreeze_inside_the_teardown_happens_once_at_its_end(restore_gc):
     gc.unfreeze()
-    kept = [object() for _ in range(3)]
-    gc.freeze()
-    frozen = gc.get_freeze_count()
-    assert frozen >= len(kept)
+    unfreeze = gc.unfreeze
+    frozen = _frozen_garbage()
     with startup.unfreeze_deferred():
         gc.unfreeze()  # vLLM's engine shutdown
-        assert gc.get_freeze_count() == frozen  # its collections below walk only the young heap
         gc.collect()
-    assert gc.get_freeze_count() == 0 and gc.unfreeze is not None
-    gc.freeze()
+        assert frozen() is not None  # its collections walk only the young heap
+    assert gc.unfreeze is unfreeze and gc.get_freeze_count() == 0  # unfrozen once, at the end
+    gc.collect()
+    assert frozen() is None  # the next full collection reaches what was frozen
+
+    kept = _frozen_garbage()
     with startup.unfreeze_deferred():  # nobody asked: the heap stays frozen
         gc.collect()
-    assert gc.get_freeze_count() >= frozen
+    gc.collect()
+    assert kept() is not None and gc.get_freeze_count() > 0
+
     with pytest.raises(RuntimeError), startup.unfreeze_deferred():
+        gc.unfreeze()
         raise RuntimeError("a failed teardown")
-    gc.unfreeze()  # the real function is back, even after a raise
-    assert gc.get_freeze_count() == 0
+    assert gc.unfreeze is unfreeze  # the real function is back, even after a raise
+    gc.collect()
+    assert kept() is None  # and the unfreeze it noted before the raise was made
 
 
 @pytest.mark.multiprocess
