@@ -303,14 +303,25 @@ def losses(session: nox.Session) -> None:
 @nox.session
 def toy(session: nox.Session) -> None:
     """The main job: the toy families in one pass (``dapo toy suite``: the four failure-mode
-    experiments on 10 + 10 paired seeds, the ladder, prompt selection) into runs/toy,
-    runs/ladder, runs/prompt_selection; on success writes the toy gate for this commit and the
-    algo config (``-- --config FILE``). Installs only what the toys and the gate need (no
+    experiments on 10 + 10 paired seeds, the ladder, prompt selection, then the toy check of the
+    config's ``algo.policy_loss`` at its knobs) into runs/toy, runs/ladder,
+    runs/prompt_selection; on success writes the toy gate for this commit, the algo config
+    (``-- --config FILE``) and its loss. Installs only what the toys and the gate need (no
     transformers, no vLLM). The off-policy family is ``nox -s off_policy``."""
     config, _ = _config(session, "qwen2.5-32b-dapo")
     _install(session, "toy,report,gate")
-    session.run("dapo", "toy", "suite", "--seeds", "10", "--out", "runs")
-    session.run("dapo", "gate", "write", "--config", config, "--toy-summary", "runs/toy/summary.json")
+    session.run("dapo", "toy", "suite", "--seeds", "10", "--out", "runs", "--config", config)
+    session.run(
+        "dapo",
+        "gate",
+        "write",
+        "--config",
+        config,
+        "--toy-summary",
+        "runs/toy/summary.json",
+        "--loss-check",
+        "runs/toy/check.json",
+    )
 
 
 @nox.session

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import loss_spec
+
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 FILTERED_GROUP_STATS = ("shaped", "unpenalized", "excluded")
 
@@ -34,6 +36,16 @@ class AlgoConfig:
     Defaults are the paper's final DAPO recipe for Qwen2.5-32B (Section 4.1),
     so ``AlgoConfig()`` is DAPO and ``PRESETS["grpo"]`` is the naive baseline.
     """
+
+    policy_loss: str = "dapo"
+    """The policy loss, a spec of :func:`dapo.registry.resolve`: a built-in name (``dapo``,
+    the decoupled-clip surrogate of Eq. 10 with the aggregation below; ``grpo``, ``gspo``,
+    ``cispo``, ...), ``verl:NAME`` or ``trl:LOSS_TYPE`` (the ``peers`` extra), or a user's
+    ``module:function``, with its own parameters in brackets (``clip_cov[clip_cov_ratio=0.02]``).
+    It receives the knobs below (``eps_low``, ``eps_high``, ``clip_ratio_c``, ``loss_agg``) as
+    :class:`dapo.loss.ClipAgg`. ``dapo toy check --config FILE`` checks this loss at these
+    knobs, and ``dapo train --require-gate`` starts only once that check passed for the loss's
+    current source."""
 
     # --- Clip-Higher (Section 3.1, Eq. 10) -------------------------------------------
     eps_low: float = 0.2
@@ -186,6 +198,11 @@ class AlgoConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be true or false (got {getattr(self, name)!r})")
 
+        need(isinstance(self.policy_loss, str), "policy_loss", "must be a loss spec (a string)")
+        try:
+            loss_spec.parse_spec(self.policy_loss)
+        except loss_spec.LossSpecError as e:
+            raise ConfigError("policy_loss", str(e)) from None
         need(0.0 < real("eps_low") < 1.0, "eps_low", "must lie in (0, 1)")
         need(real("eps_high") > 0.0, "eps_high", "must be > 0")
         if self.clip_ratio_c is not None:

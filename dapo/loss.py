@@ -7,15 +7,80 @@ Everything here is a pure function of tensors. The loss is returned as a quantit
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from .config import AGG_MODES
 
+LossAndStats = tuple[Tensor, dict[str, Tensor]]
+"""What a policy loss returns: the scalar loss (one per run with leading run dimensions) and
+its detached statistics (:func:`ratio_stats`'s keys)."""
+
 LOG_RATIO_CLAMP = 20.0
 """|log r| is clamped before exponentiating so a wild token cannot overflow (as verl)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ClipAgg:
+    """The clip and aggregation settings every policy loss receives, as one object (the
+    fifth argument of the loss interface, :class:`dapo.losses.PolicyLossFn`)."""
+
+    eps_low: float
+    """Lower clip: the token ratio is clipped at ``1 - eps_low`` (Eq. 10)."""
+    eps_high: float
+    """Upper clip: ``1 + eps_high`` (Eq. 10; Clip-Higher raises it above ``eps_low``)."""
+    clip_ratio_c: float | None = None
+    """Dual clip for negative advantages (Ye et al. 2020); ``None``: none."""
+    agg: str = "token-mean"
+    """How per-token losses are reduced (:func:`aggregate`; Eq. 12 for ``token-mean``)."""
+    norm_const: float | None = None
+    """The constant of ``seq-mean-token-sum-norm`` (Dr. GRPO)."""
+    denominator: Tensor | float | None = None
+    """The optimizer-step window's normaliser (:func:`window_denominator`, summed over ranks),
+    the same for every micro-batch of the window; ``None``: this batch's own. One value per
+    run ([...]) when the tensors have leading run dimensions."""
+
+    @classmethod
+    def of(cls, cfg: Any, denominator: Tensor | float | None = None) -> ClipAgg:
+        """The settings of an :class:`~dapo.AlgoConfig` (or any object with its knobs)."""
+        return cls(cfg.eps_low, cfg.eps_high, cfg.clip_ratio_c, cfg.loss_agg, cfg.norm_const, denominator)
+
+    @classmethod
+    def from_keywords(
+        cls,
+        *,
+        eps_low: float,
+        eps_high: float,
+        clip_ratio_c: float | None = None,
+        agg: str = "token-mean",
+        agg_denominator: Tensor | float | None = None,
+        norm_const: float | None = None,
+    ) -> ClipAgg:
+        """The settings from the keyword form of the loss interface used before this object
+        (``agg_denominator`` is :attr:`denominator`); :meth:`keywords` is the reverse."""
+        return cls(eps_low, eps_high, clip_ratio_c, agg, norm_const, agg_denominator)
+
+    def keywords(self) -> dict[str, Any]:
+        """These settings as the keyword form's arguments (:meth:`from_keywords`)."""
+        return {
+            "eps_low": self.eps_low,
+            "eps_high": self.eps_high,
+            "clip_ratio_c": self.clip_ratio_c,
+            "agg": self.agg,
+            "agg_denominator": self.denominator,
+            "norm_const": self.norm_const,
+        }
+
+    def with_denominator(self, denominator: Tensor | float | None) -> ClipAgg:
+        return dataclasses.replace(self, denominator=denominator)
+
+    def aggregate(self, loss_mat: Tensor, mask: Tensor) -> Tensor:
+        """:func:`aggregate` of per-token losses by these settings."""
+        return aggregate(loss_mat, mask, self.agg, denominator=self.denominator, norm_const=self.norm_const)
 
 
 def _check_agg(agg: str) -> None:
@@ -96,6 +161,15 @@ def check_shapes(logp: Tensor, old_logp: Tensor, mask: Tensor) -> None:
         )
 
 
+def loss_inputs(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """What every policy loss starts from: the shapes checked, then ``(mask as bool, the
+    advantages per token (:func:`token_advantages`), old_logp detached)``."""
+    check_shapes(logp, old_logp, mask)
+    return mask.bool(), token_advantages(advantages, logp), old_logp.detach()
+
+
 def token_advantages(advantages: Tensor, logp: Tensor) -> Tensor:
     """Advantages [..., B] (one per response, broadcast over its tokens) or [..., B, T] as
     [..., B, T] in ``logp``'s dtype."""
@@ -114,15 +188,10 @@ def policy_loss(
     old_logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
+    clip: ClipAgg,
     *,
-    eps_low: float,
-    eps_high: float,
-    clip_ratio_c: float | None = None,
-    agg: str = "token-mean",
-    agg_denominator: Tensor | float | None = None,
     is_weights: Tensor | None = None,
-    norm_const: float | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> LossAndStats:
     """The decoupled-clip surrogate of Eq. 10, as a loss to minimise.
 
     Per token, with r = exp(logp - old_logp) and A the advantage (Eq. 9)::
@@ -131,14 +200,14 @@ def policy_loss(
         l = min(l, -A clip_ratio_c)      if A < 0 and clip_ratio_c (dual clip)
         l = l * w                        if is_weights (TIS, detached)
 
-    then :func:`aggregate` by ``agg`` with ``agg_denominator`` (default: this batch's own
-    :func:`window_denominator`). A token whose ratio is beyond the clip bound on the side
+    with ``eps_low``, ``eps_high`` and ``clip_ratio_c`` from ``clip``, then :func:`aggregate` by
+    ``clip.agg`` with ``clip.denominator`` (default: this batch's own :func:`window_denominator`). A token whose ratio is beyond the clip bound on the side
     of its advantage gets exactly zero gradient; inside the region the gradient is the
     unclipped one.
 
     ``advantages`` is [B] (broadcast over tokens) or [B, T]. Leading dimensions
     ([..., B, T], advantages [..., B]) index independent runs: the loss and every statistic
-    are then one value per run, each run with its own normaliser (``agg_denominator``
+    are then one value per run, each run with its own normaliser (``clip.denominator``
     [...]); the gradient of their sum is each run's own gradient. ``mask`` is the *loss* mask
     (response tokens, minus filtered responses). Returns the scalar loss and detached
     statistics over the masked tokens: ``clipfrac_upper`` (A > 0, r > 1 + eps_high),
@@ -147,36 +216,22 @@ def policy_loss(
     (k3 estimate of KL(pi_old || pi)), ``ratio_mean``, with weights ``n_tokens`` and
     ``n_upclip`` for combining micro-batches.
     """
-    _check_agg(agg)
-    check_shapes(logp, old_logp, mask)
-    mask = mask.bool()
-    adv = token_advantages(advantages, logp)
-    old_logp = old_logp.detach()
+    _check_agg(clip.agg)
+    mask, adv, old_logp = loss_inputs(logp, old_logp, advantages, mask)
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    clipped = -adv * ratio.clamp(1.0 - clip.eps_low, 1.0 + clip.eps_high)
     per_token = torch.maximum(unclipped, clipped)
     dual = torch.zeros_like(mask)
-    if clip_ratio_c is not None:
-        bound = -adv * clip_ratio_c
+    if clip.clip_ratio_c is not None:
+        bound = -adv * clip.clip_ratio_c
         dual = (adv < 0) & (per_token > bound)
         per_token = torch.where(dual, bound, per_token)
     if is_weights is not None:
         per_token = per_token * is_weights.detach().to(per_token.dtype)
-    loss = aggregate(per_token, mask, agg, denominator=agg_denominator, norm_const=norm_const)
-
-    stats = ratio_stats(
-        logp,
-        old_logp,
-        adv,
-        mask,
-        eps_low=eps_low,
-        eps_high=eps_high,
-        dual=dual,
-        log_ratio=log_ratio,
-        ratio=ratio,
-    )
+    loss = clip.aggregate(per_token, mask)
+    stats = ratio_stats(logp, old_logp, adv, mask, clip, dual=dual, log_ratio=log_ratio, ratio=ratio)
     return loss, stats
 
 
@@ -185,9 +240,8 @@ def ratio_stats(
     old_logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
+    clip: ClipAgg,
     *,
-    eps_low: float,
-    eps_high: float,
     dual: Tensor | None = None,
     log_ratio: Tensor | None = None,
     ratio: Tensor | None = None,
@@ -195,7 +249,7 @@ def ratio_stats(
     """The detached token statistics of :func:`policy_loss`, for any policy loss.
 
     Measured on the token ratio ``r = exp(logp - old_logp)`` against the clip range
-    ``[1 - eps_low, 1 + eps_high]`` whatever the loss does with it (a loss that clips a
+    ``[1 - clip.eps_low, 1 + clip.eps_high]`` whatever the loss does with it (a loss that clips a
     sequence-level ratio, or none, still gets the token-level diagnostics of Eq. 10):
     ``clipfrac_upper``, ``clipfrac_lower``, ``dual_clipfrac`` (from ``dual``, the tokens
     a dual clip capped; zero when None), ``upclip_old_prob``, ``approx_kl``,
@@ -213,8 +267,8 @@ def ratio_stats(
         old = old_logp.detach()
         ratio = torch.exp(log_ratio) if ratio is None else ratio.detach()
         # one stacked reduction instead of one per statistic (this runs per micro-batch)
-        up = mask & (adv > 0) & (ratio > 1.0 + eps_high)
-        low = mask & (adv < 0) & (ratio < 1.0 - eps_low)
+        up = mask & (adv > 0) & (ratio > 1.0 + clip.eps_high)
+        low = mask & (adv < 0) & (ratio < 1.0 - clip.eps_low)
         m = mask.to(torch.float64)
         rows = (
             torch.stack(

@@ -2,12 +2,16 @@
 
 A *policy loss* is any callable with the signature of :func:`dapo.loss.policy_loss`::
 
-    fn(logp, old_logp, advantages, mask, *, eps_low, eps_high, clip_ratio_c, agg,
-       agg_denominator, norm_const) -> (loss, stats)
+    fn(logp, old_logp, advantages, mask, clip) -> (loss, stats)
 
 ``logp``/``old_logp``/``mask`` are [B, T] (or [..., B, T] for a loss that handles
 leading run dimensions; wrap any other in :func:`per_run`), ``advantages`` [B] or
-[B, T], and ``loss`` a scalar to minimise. ``stats`` holds the keys of
+[B, T], ``clip`` the clip and aggregation settings (:class:`dapo.loss.ClipAgg`: ``eps_low``,
+``eps_high``, ``clip_ratio_c``, ``agg``, ``norm_const`` and the window's ``denominator``),
+and ``loss`` a scalar to minimise. A loss that takes off-policy weights also accepts
+``is_weights=`` (:mod:`dapo.offpolicy`). Losses written against the keyword form used
+before (``eps_low=..., agg_denominator=...`` instead of ``clip``) still run, adapted by
+:func:`dapo.registry.as_policy_loss`. ``stats`` holds the keys of
 :func:`dapo.loss.ratio_stats`; the four losses below return exactly those. Each cites the
 equation it implements and matches verl 0.9.1's implementation of the same name on
 values and gradients (``tests/test_losses.py``); where verl departs from its paper the
@@ -16,6 +20,7 @@ docstring says so.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -23,7 +28,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from .loss import LOG_RATIO_CLAMP, aggregate, check_shapes, ratio_stats, token_advantages
+from .loss import LOG_RATIO_CLAMP, ClipAgg, LossAndStats, check_shapes, loss_inputs, ratio_stats
+from .offpolicy import takes_weights
 
 GSPO_LOG_RATIO_MAX = 10.0
 """GSPO's log sequence ratio is clamped above before exponentiating (as verl)."""
@@ -38,14 +44,8 @@ class PolicyLossFn(Protocol):
         old_logp: Tensor,
         advantages: Tensor,
         mask: Tensor,
-        *,
-        eps_low: float,
-        eps_high: float,
-        clip_ratio_c: float | None = None,
-        agg: str = "token-mean",
-        agg_denominator: Tensor | float | None = None,
-        norm_const: float | None = None,
-    ) -> tuple[Tensor, dict[str, Tensor]]: ...
+        clip: ClipAgg,
+    ) -> LossAndStats: ...
 
 
 def gspo_loss(
@@ -53,14 +53,8 @@ def gspo_loss(
     old_logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    *,
-    eps_low: float,
-    eps_high: float,
-    clip_ratio_c: float | None = None,
-    agg: str = "seq-mean-token-mean",
-    agg_denominator: Tensor | float | None = None,
-    norm_const: float | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+    clip: ClipAgg,
+) -> LossAndStats:
     """GSPO (Zheng et al. 2025, arXiv:2507.18071): the clipped surrogate on the
     length-normalised *sequence* ratio (Eq. 5-7), in its GSPO-token form (Eq. 13-14)::
 
@@ -73,17 +67,14 @@ def gspo_loss(
     reweight responses (verl allows them too). The paper clips at 3e-4 / 4e-4.
     ``clip_ratio_c`` is not used (no dual clip in GSPO). Leading run dimensions allowed.
     """
-    check_shapes(logp, old_logp, mask)
-    mask = mask.bool()
-    adv = token_advantages(advantages, logp)
-    old_logp = old_logp.detach()
+    mask, adv, old_logp = loss_inputs(logp, old_logp, advantages, mask)
     token_log_ratio = torch.where(mask, logp - old_logp, torch.zeros_like(logp))
     seq_log_ratio = token_log_ratio.sum(-1) / mask.sum(-1).clamp(min=1).to(logp.dtype)
     log_s = logp - logp.detach() + seq_log_ratio.detach().unsqueeze(-1)
     s = torch.exp(log_s.clamp(max=GSPO_LOG_RATIO_MAX))
-    per_token = torch.maximum(-adv * s, -adv * s.clamp(1.0 - eps_low, 1.0 + eps_high))
-    loss = aggregate(per_token, mask, agg, denominator=agg_denominator, norm_const=norm_const)
-    return loss, ratio_stats(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high)
+    per_token = torch.maximum(-adv * s, -adv * s.clamp(1.0 - clip.eps_low, 1.0 + clip.eps_high))
+    loss = clip.aggregate(per_token, mask)
+    return loss, ratio_stats(logp, old_logp, adv, mask, clip)
 
 
 def cispo_loss(
@@ -91,14 +82,8 @@ def cispo_loss(
     old_logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    *,
-    eps_low: float,
-    eps_high: float,
-    clip_ratio_c: float | None = None,
-    agg: str = "token-mean",
-    agg_denominator: Tensor | float | None = None,
-    norm_const: float | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+    clip: ClipAgg,
+) -> LossAndStats:
     """CISPO (MiniMax-M1, arXiv:2506.13585, Eq. 4-5): clip the importance-sampling
     *weight* and detach it, so every token keeps a REINFORCE gradient::
 
@@ -109,15 +94,12 @@ def cispo_loss(
     of a token beyond the bound). The paper aggregates by ``token-mean`` and sets no lower
     bound (a large eps_low). ``clip_ratio_c`` is not used. Leading run dimensions allowed.
     """
-    check_shapes(logp, old_logp, mask)
-    mask = mask.bool()
-    adv = token_advantages(advantages, logp)
-    old_logp = old_logp.detach()
+    mask, adv, old_logp = loss_inputs(logp, old_logp, advantages, mask)
     log_ratio = (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    weight = torch.exp(log_ratio).clamp(1.0 - eps_low, 1.0 + eps_high).detach()
+    weight = torch.exp(log_ratio).clamp(1.0 - clip.eps_low, 1.0 + clip.eps_high).detach()
     per_token = -weight * adv * logp
-    loss = aggregate(per_token, mask, agg, denominator=agg_denominator, norm_const=norm_const)
-    stats = ratio_stats(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high, log_ratio=log_ratio)
+    loss = clip.aggregate(per_token, mask)
+    stats = ratio_stats(logp, old_logp, adv, mask, clip, log_ratio=log_ratio)
     return loss, stats
 
 
@@ -136,18 +118,13 @@ def clip_cov_loss(
     old_logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
+    clip: ClipAgg,
     *,
-    eps_low: float,
-    eps_high: float,
-    clip_ratio_c: float | None = None,
-    agg: str = "token-mean",
-    agg_denominator: Tensor | float | None = None,
-    norm_const: float | None = None,
     clip_cov_ratio: float = 2e-4,
     clip_cov_lb: float = 1.0,
     clip_cov_ub: float = 5.0,
     generator: torch.Generator | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> LossAndStats:
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning Language
     Models", arXiv:2505.22617, Eq. 12-13): entropy falls by the covariance of log-prob
     and advantage, so the gradient of a few high-covariance tokens is detached.
@@ -158,17 +135,14 @@ def clip_cov_loss(
     at random (``torch.randperm``, from ``generator`` or the global RNG as verl does) and
     their loss is multiplied by 0. One [B, T] batch: wrap in :func:`per_run` for runs.
     """
-    check_shapes(logp, old_logp, mask)
+    mask, adv, old_logp = loss_inputs(logp, old_logp, advantages, mask)
     if logp.dim() != 2:
         raise ValueError("clip_cov_loss takes one [B, T] batch; wrap it in dapo.losses.per_run")
     if not clip_cov_ratio > 0:
         raise ValueError(f"clip_cov_ratio must be > 0, got {clip_cov_ratio}")
-    mask = mask.bool()
-    adv = token_advantages(advantages, logp)
-    old_logp = old_logp.detach()
     ratio = torch.exp(logp - old_logp)
     unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    clipped = -adv * ratio.clamp(1.0 - clip.eps_low, 1.0 + clip.eps_high)
     clipped_by_origin = (clipped > unclipped) & mask
     cov = _token_cov(adv, logp, mask)
     eligible = (cov > clip_cov_lb) & (cov < clip_cov_ub) & mask & ~clipped_by_origin
@@ -179,8 +153,8 @@ def clip_cov_loss(
         idx = idx[torch.randperm(len(idx), generator=generator)[: min(n_pick, len(idx))]]
         corr[idx[:, 0], idx[:, 1]] = 0.0
     per_token = torch.maximum(unclipped, clipped) * corr
-    loss = aggregate(per_token, mask, agg, denominator=agg_denominator, norm_const=norm_const)
-    return loss, ratio_stats(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high)
+    loss = clip.aggregate(per_token, mask)
+    return loss, ratio_stats(logp, old_logp, adv, mask, clip)
 
 
 def kl_cov_loss(
@@ -188,16 +162,11 @@ def kl_cov_loss(
     old_logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
+    clip: ClipAgg,
     *,
-    eps_low: float,
-    eps_high: float,
-    clip_ratio_c: float | None = None,
-    agg: str = "token-mean",
-    agg_denominator: Tensor | float | None = None,
-    norm_const: float | None = None,
     kl_cov_ratio: float = 2e-4,
     ppo_kl_coef: float = 0.1,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> LossAndStats:
     """KL-Cov (Cui et al. 2025, arXiv:2505.22617, Eq. 14): no ratio clip at all; the
     ``max(1, int(kl_cov_ratio * n_tokens))`` loss tokens with the *largest* covariance
     term (:func:`_token_cov`) get a penalty ``ppo_kl_coef * |logp - old_logp|``::
@@ -207,14 +176,11 @@ def kl_cov_loss(
     ``eps_low``/``eps_high`` only feed the diagnostics. ``ppo_kl_coef`` defaults to
     verl's config default (0.1). One [B, T] batch: wrap in :func:`per_run` for runs.
     """
-    check_shapes(logp, old_logp, mask)
+    mask, adv, old_logp = loss_inputs(logp, old_logp, advantages, mask)
     if logp.dim() != 2:
         raise ValueError("kl_cov_loss takes one [B, T] batch; wrap it in dapo.losses.per_run")
     if not kl_cov_ratio > 0:
         raise ValueError(f"kl_cov_ratio must be > 0, got {kl_cov_ratio}")
-    mask = mask.bool()
-    adv = token_advantages(advantages, logp)
-    old_logp = old_logp.detach()
     log_ratio = logp - old_logp
     per_token = -adv * torch.exp(log_ratio)
     n_valid = int(mask.sum())
@@ -226,20 +192,18 @@ def kl_cov_loss(
         penalty = torch.zeros(per_token.numel(), dtype=per_token.dtype)
         penalty[valid_idx] = ppo_kl_coef
         per_token = per_token + penalty.view_as(per_token) * log_ratio.abs()
-    loss = aggregate(per_token, mask, agg, denominator=agg_denominator, norm_const=norm_const)
-    return loss, ratio_stats(logp, old_logp, adv, mask, eps_low=eps_low, eps_high=eps_high)
+    loss = clip.aggregate(per_token, mask)
+    return loss, ratio_stats(logp, old_logp, adv, mask, clip)
 
 
-def per_run(
-    fn: Callable[..., Any], vectorise: bool = True
-) -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
+def per_run(fn: Callable[..., Any], vectorise: bool = True) -> Callable[..., LossAndStats]:
     """Lift a loss over one [B, T] batch to [..., B, T]: each leading index is one call of
     ``fn`` on its own batch, the losses and stats stacked into [...] (the gradient of their
     sum is each run's own).
 
     A loss that returns a bare tensor, or stats without :func:`dapo.loss.ratio_stats`'s
     keys, gets those keys measured on its inputs, once over all runs (outside the calls:
-    the same per-run values, for a fraction of the cost). ``agg_denominator`` of shape [...] is
+    the same per-run values, for a fraction of the cost). ``clip.denominator`` of shape [...] is
     handed out one value per call, and ``is_weights`` [..., B, T] (off-policy weights) one
     [B, T] slice per call.
 
@@ -253,86 +217,86 @@ def per_run(
     state: dict[str, bool | None] = {"vmap": None if vectorise else False}
 
     def one(
-        lp: Tensor, old: Tensor, adv: Tensor, m: Tensor, den: Any, w: Tensor | None, kw: dict[str, Any]
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+        lp: Tensor, old: Tensor, adv: Tensor, m: Tensor, den: Any, w: Tensor | None, clip: ClipAgg
+    ) -> LossAndStats:
         extra = {} if w is None else {"is_weights": w}
-        out = fn(lp, old, adv, m, agg_denominator=den, **kw, **extra)
+        out = fn(lp, old, adv, m, clip.with_denominator(den), **extra)
         loss, stats = out if isinstance(out, tuple) else (out, {})
         if not isinstance(loss, Tensor) or loss.dim() != 0:
             raise TypeError(f"a policy loss must return a scalar tensor, got {type(loss).__name__}")
         return loss, {k: stats[k] for k in _STAT_KEYS if isinstance(stats, dict) and k in stats}
 
-    def measured(flat: list[Tensor], kw: dict[str, Any]) -> dict[str, Tensor]:
+    def measured(flat: list[Tensor], clip: ClipAgg) -> dict[str, Tensor]:
         """:func:`ratio_stats` of every run at once, each run's values its own."""
-        return ratio_stats(*flat, eps_low=kw["eps_low"], eps_high=kw["eps_high"])
+        logp, old_logp, advantages, mask = flat
+        return ratio_stats(logp, old_logp, advantages, mask, clip)
 
-    def looped(
-        flat: list[Tensor], den: Any, weights: Tensor | None, kw: dict[str, Any]
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    def looped(flat: list[Tensor], den: Any, weights: Tensor | None, clip: ClipAgg) -> LossAndStats:
         n = flat[0].shape[0]
         dens = list(den) if isinstance(den, Tensor) and den.dim() > 0 else [den] * n
         ws: list[Tensor | None] = [None] * n if weights is None else list(weights)
-        outs = [one(lp, old, adv, m, d, w, kw) for lp, old, adv, m, d, w in zip(*flat, dens, ws)]
-        base = measured(flat, kw)
+        outs = [one(lp, old, adv, m, d, w, clip) for lp, old, adv, m, d, w in zip(*flat, dens, ws)]
+        base = measured(flat, clip)
         return torch.stack([o[0] for o in outs]), {
             k: torch.stack([o[1].get(k, v[i]) for i, o in enumerate(outs)]) for k, v in base.items()
         }
 
-    def mapped(
-        flat: list[Tensor], den: Any, weights: Tensor | None, kw: dict[str, Any]
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    def mapped(flat: list[Tensor], den: Any, weights: Tensor | None, clip: ClipAgg) -> LossAndStats:
         den_dim = 0 if isinstance(den, Tensor) and den.dim() > 0 else None
         w_dim = None if weights is None else 0
 
-        def call(
-            lp: Tensor, old: Tensor, adv: Tensor, m: Tensor, d: Any, w: Tensor | None
-        ) -> tuple[Tensor, dict[str, Tensor]]:
-            return one(lp, old, adv, m, d, w, kw)
+        def call(lp: Tensor, old: Tensor, adv: Tensor, m: Tensor, d: Any, w: Tensor | None) -> LossAndStats:
+            return one(lp, old, adv, m, d, w, clip)
 
         with warnings.catch_warnings():  # vmap's notes on slow fallbacks are not the user's business
             warnings.simplefilter("ignore")
-            vm: Callable[..., tuple[Tensor, dict[str, Tensor]]] = torch.func.vmap(
+            vm: Callable[..., LossAndStats] = torch.func.vmap(
                 call, in_dims=(0, 0, 0, 0, den_dim, w_dim), randomness="error"
             )
             loss, own = vm(*flat, den, weights)
-        return loss, {**measured(flat, kw), **own}
+        return loss, {**measured(flat, clip), **own}
 
     def lifted(
         logp: Tensor,
         old_logp: Tensor,
         advantages: Tensor,
         mask: Tensor,
+        clip: ClipAgg,
         *,
-        eps_low: float,
-        eps_high: float,
-        agg_denominator: Tensor | float | None = None,
-        **kw: Any,
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+        is_weights: Tensor | None = None,
+    ) -> LossAndStats:
         check_shapes(logp, old_logp, mask)
-        weights = kw.pop("is_weights", None)
-        kw = {"eps_low": eps_low, "eps_high": eps_high, **kw}
+        weights = is_weights
         if logp.dim() == 2:
-            loss, own = one(logp, old_logp, advantages, mask, agg_denominator, weights, kw)
-            return loss, {**measured([logp, old_logp, advantages, mask], kw), **own}
+            loss, own = one(logp, old_logp, advantages, mask, clip.denominator, weights, clip)
+            return loss, {**measured([logp, old_logp, advantages, mask], clip), **own}
         lead = logp.shape[:-2]
         flat = [t.reshape(-1, *t.shape[len(lead) :]) for t in (logp, old_logp, advantages, mask)]
-        den = agg_denominator
+        den = clip.denominator
         if isinstance(den, Tensor) and den.dim() > 0:
             den = den.reshape(-1)
         w = None if weights is None else weights.reshape(-1, *weights.shape[len(lead) :])
         if state["vmap"] is False:
-            loss, stats = looped(flat, den, w, kw)
+            loss, stats = looped(flat, den, w, clip)
         elif state["vmap"]:
             try:
-                loss, stats = mapped(flat, den, w, kw)
+                loss, stats = mapped(flat, den, w, clip)
             except Exception:  # a branch the first batch did not take: the loop, from now on
                 state["vmap"] = False
-                loss, stats = looped(flat, den, w, kw)
+                loss, stats = looped(flat, den, w, clip)
         else:  # the first call over runs: both ways, kept only if they agree bit for bit
-            loss, stats = looped(flat, den, w, kw)
-            state["vmap"] = _same_runs(lambda: mapped(flat, den, w, kw), (loss, stats), flat[0])
+            loss, stats = looped(flat, den, w, clip)
+            state["vmap"] = _same_runs(lambda: mapped(flat, den, w, clip), (loss, stats), flat[0])
         return loss.reshape(lead), {k: v.reshape(lead) for k, v in stats.items()}
 
+    if not takes_weights(fn):  # a lifted loss takes off-policy weights only where fn does
+
+        def unweighted(
+            logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip: ClipAgg
+        ) -> LossAndStats:
+            return lifted(logp, old_logp, advantages, mask, clip)
+
+        return unweighted
     return lifted
 
 
@@ -342,19 +306,14 @@ _STAT_KEYS = tuple(
         torch.zeros(1, 1),
         torch.zeros(1),
         torch.ones(1, 1, dtype=torch.bool),
-        eps_low=0,
-        eps_high=0,
+        ClipAgg(0.0, 0.0),
     )
 )
 """The keys of :func:`dapo.loss.ratio_stats` (taken from it, not restated): a lifted loss's own
 stats under these names are kept, the rest measured."""
 
 
-def _same_runs(
-    attempt: Callable[[], tuple[Tensor, dict[str, Tensor]]],
-    ref: tuple[Tensor, dict[str, Tensor]],
-    logp: Tensor,
-) -> bool:
+def _same_runs(attempt: Callable[[], LossAndStats], ref: LossAndStats, logp: Tensor) -> bool:
     """Whether ``attempt()`` (the vectorised calls) runs and gives ``ref`` (the calls one by
     one) exactly: losses, stats and the gradient of the losses' sum with respect to
     ``logp`` (NaN equal to NaN)."""
@@ -386,3 +345,21 @@ def _identical(a: Tensor, b: Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     return bool(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()))
+
+
+def seeded_by_batch(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn`` with the global torch RNG seeded from its inputs (and restored after).
+
+    Clip-Cov draws its tokens with ``torch.randperm`` on the global RNG (verl does too); a
+    seed taken from the batch makes a toy run reproducible and independent of which runs
+    share its process."""
+
+    @functools.wraps(fn)
+    def seeded(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *a: Any, **kw: Any) -> Any:
+        key = float((old_logp.detach().double() * mask).sum()) + 7.0 * float(mask.sum())
+        seed = int(abs(key) * 1e6) % (2**31 - 1)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return fn(logp, old_logp, advantages, mask, *a, **kw)
+
+    return seeded

@@ -32,7 +32,7 @@ from torch import Tensor
 from .advantages import config_advantages
 from .batch import RolloutBatch
 from .config import AlgoConfig
-from .loss import policy_loss, window_denominator
+from .loss import ClipAgg, LossAndStats, policy_loss, window_denominator
 from .offpolicy import correct, finish, require_weights
 
 
@@ -80,7 +80,7 @@ def update(
     backward: Callable[[Tensor], None] | None = None,
     clip_grad_norm: Callable[[float], Tensor] | None = None,
     generator: torch.Generator | None = None,
-    loss_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]] = policy_loss,
+    loss_fn: Callable[..., LossAndStats] = policy_loss,
 ) -> dict[str, float]:
     """Run ``cfg.ppo_epochs`` x (batch groups / ``cfg.mini_batch_groups``) optimizer steps.
 
@@ -157,6 +157,7 @@ def update(
             if float(denom) == 0.0:  # every response of the window was filtered
                 sums.empty_windows += 1
                 continue
+            clip = ClipAgg.of(cfg, denom)
             optimizer.zero_grad(set_to_none=True)
             window = _Sums()  # merged into ``sums`` only if the step is taken
             finite = True
@@ -179,19 +180,7 @@ def update(
                     loss = logp.sum() * 0.0
                 else:
                     extra = {} if weights is None else {"is_weights": weights[idx]}
-                    loss, stats = loss_fn(
-                        logp,
-                        mb.old_logp,
-                        advantages[idx],
-                        loss_mask[idx],
-                        eps_low=cfg.eps_low,
-                        eps_high=cfg.eps_high,
-                        clip_ratio_c=cfg.clip_ratio_c,
-                        agg=cfg.loss_agg,
-                        agg_denominator=denom,
-                        norm_const=cfg.norm_const,
-                        **extra,
-                    )
+                    loss, stats = loss_fn(logp, mb.old_logp, advantages[idx], loss_mask[idx], clip, **extra)
                 bad = torch.tensor(0.0 if torch.isfinite(loss) else 1.0, device=loss.device)
                 if float(dp.sum(bad)) > 0:  # every rank skips together
                     finite = False

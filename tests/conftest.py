@@ -45,6 +45,7 @@ SLOW_FIRST = (
     "test_gpu_check.py",  # 211
     "test_disaggregated_resume.py",  # 203
     "test_lora.py",  # 144
+    "test_byol_path.py",  # 114
     "test_toy_engine.py",  # 111
     "test_multiproc.py",  # 85
     "test_health_against.py",  # 58

@@ -56,10 +56,10 @@ def test_a_later_check_reuses_the_built_in_arms_and_its_results_equal_a_fresh_ru
     """What an earlier call in this process trained (the unprotected and fix arms, a built-in
     candidate) is not trained again; a user's loss is (its module may have changed). Every log is
     the one a call without the memo gives, and a caller that edits a log it got edits no one else's."""
+    from dapo.registry import resolve
     from toybench import memo
     from toybench.check import derived_experiment
     from toybench.experiment import run_experiments, with_steps
-    from toybench.losses import resolve
 
     memo.clear()
     losses = [resolve("cispo"), resolve("broken_losses:symmetric_clip")]
@@ -130,7 +130,7 @@ def test_cli_table_json_and_exit_status(tmp_path, capsys):
         (["toy", "check", "dapo", "--modes", "entropy"], "--modes 'entropy'"),
         (["toy", "check", "dapo", "--claims", "speed"], "--claims 'speed'"),
         (["toy", "check", "clip_cov[ratio=1]"], "unknown parameter 'ratio'"),
-        (["toy", "check", "broken_losses:raises"], "raised on the toy batch: RuntimeError: shape"),
+        (["toy", "check", "broken_losses:raises"], "raised: RuntimeError: shape"),
         (["toy", "check", "broken_losses:not_scalar"], "must return a scalar tensor"),
         (["toy", "check", "broken_losses:detached_output"], "no gradient with respect to logp"),
         (["toy", "check", "dapo", "--knobs", "temperature"], "--knobs 'temperature'"),
@@ -143,7 +143,7 @@ def test_cli_table_json_and_exit_status(tmp_path, capsys):
         # raises only on the experiments' 128-response batches, inside a worker process
         (
             ["toy", "check", "broken_losses:fixed_buffer", "--jobs", "2", "--quiet"],
-            "loss 'broken_losses:fixed_buffer' raised on the toy batch: RuntimeError: The expanded size",
+            "loss 'broken_losses:fixed_buffer' raised: RuntimeError: The expanded size",
         ),
     ],
 )
@@ -280,3 +280,32 @@ def test_a_user_loss_that_declares_no_claims_is_said_to_be_held_to_dapos(capsys)
     out = capsys.readouterr().out
     assert "- claims to protect against entropy_collapse but harms (claims: --claims)" in out
     assert "DAPO's, by default" not in out
+
+
+def test_with_no_loss_named_the_check_runs_the_configs_loss_at_its_knobs(tmp_path, capsys):
+    """``--config``: the loss is the config's ``algo.policy_loss`` and every arm runs at the
+    config's knobs, as ``dapo train`` would run it; the JSON names both, and the loss's source
+    hash (what the gate compares)."""
+    from dapo.registry import resolve, source_hash
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("algo:\n  policy_loss: grpo\n  eps_high: 0.3\n  clip_ratio_c: 3.0\n")
+    out = tmp_path / "check.json"
+    argv = ["toy", "check", "--config", str(cfg), "--modes", "entropy_collapse", "--seeds", "2", "--quiet"]
+    dapo_main([*argv, "--no-confirm", "--json", str(out)])
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["loss"] == "grpo" and result["source_hash"] == source_hash(resolve("grpo"))
+    assert result["knobs"] == {"eps_low": 0.2, "eps_high": 0.3, "clip_ratio_c": 3.0, "loss_agg": "token-mean"}
+    capsys.readouterr()
+    for text, words in (
+        ("algo:\n  policy_loss: broken_losses:not_scalar\n", "must return a scalar tensor"),
+        ("algo:\n  policy_loss: 'a[b'\n", "policy_loss: loss 'a[b': expected NAME"),
+        ("algo:\n  eps_high: -1\n", "algo.eps_high: must be > 0"),
+        ("algo: [1]\n", "its algo section is not a mapping"),
+    ):
+        cfg.write_text(text)
+        assert dapo_main(["toy", "check", "--config", str(cfg)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+    assert dapo_main(["toy", "check", "--config", "no-such-preset"]) == 2
+    assert "--config 'no-such-preset': no such file, nor a bundled preset" in capsys.readouterr().err

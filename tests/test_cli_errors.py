@@ -436,11 +436,11 @@ def test_train_says_where_it_writes_and_how_it_is_placed(capsys, tmp_path, monke
     rc, _, err = run(capsys, ["train", "--config", "tiny-cpu", "model.path=m", "--quiet"])
     assert rc == 2
     assert err.splitlines()[0] == (
-        "dapo train: colocated, 1 process, output runs/tiny-cpu (metrics.jsonl, checkpoints/)"
+        "dapo train: colocated, 1 process, policy loss dapo, output runs/tiny-cpu (metrics.jsonl, checkpoints/)"
     ), err
     disaggregated = ["rollout.mode=disaggregated", "rollout.generators=2", "rollout.max_staleness=2"]
     cfg = load("tiny-cpu", [*disaggregated, "eval.every=0", "output.dir=runs/d"])
     assert placement_line(cfg, 2) == (
         "dapo train: disaggregated: 2 learners, 2 generator processes, max_staleness 2, "
-        "output runs/d (metrics.jsonl, checkpoints/)"
+        "policy loss dapo, output runs/d (metrics.jsonl, checkpoints/)"
     )

@@ -90,6 +90,16 @@ def test_knobs_from_flag_and_run_dir_change_the_advice(tmp_path, capsys):
     )
     main([str(d)])
     assert "already 0.3" in capsys.readouterr().out
+    # the run's loss, named in the text, the JSON and the report (read from config.json)
+    (d / "config.json").write_text(json.dumps({"algo": {"policy_loss": "mypkg.losses:my_loss"}}))
+    main([str(d)])
+    assert "policy loss: mypkg.losses:my_loss" in capsys.readouterr().out.splitlines()[:3]
+    main([str(d), "--json"])
+    assert json.loads(capsys.readouterr().out)["run"]["policy_loss"] == "mypkg.losses:my_loss"
+    main([str(d), "--report", str(tmp_path / "rep")])
+    assert "Policy loss: `mypkg.losses:my_loss`." in (tmp_path / "rep" / "report.md").read_text()
+    main([str(d), "--knob", "policy_loss=verl:gspo"])  # a log without config.json: said by hand
+    assert "policy loss: verl:gspo" in capsys.readouterr().out
 
 
 def test_report_figures_have_titles_panels_and_units(tmp_path, capsys):

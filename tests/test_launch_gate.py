@@ -38,19 +38,41 @@ def _summary(
     return f
 
 
+def _loss_check(path, cfg, passed=True, knobs=None, spec=None, source=None):
+    """A toy check's JSON (``dapo toy check --json``) of the config's loss, at its knobs."""
+    from dapo.registry import KNOBS, resolve, source_hash
+
+    spec = spec or cfg.algo.policy_loss
+    result = {
+        "loss": spec,
+        "source_hash": source or source_hash(resolve(spec)),
+        "knobs": knobs or {k: getattr(cfg.algo, k) for k in KNOBS},
+        "passed": passed,
+        "failures": [] if passed else ["claims to protect against entropy_collapse but harms"],
+        "modes": {
+            "entropy_collapse": {"claimed": True, "protection": "protects" if passed else "harms"},
+            "zero_gradient": {"claimed": False, "protection": "no effect"},
+        },
+    }
+    path = Path(path)
+    path.write_text(json.dumps({"command": f"dapo toy check {spec}", "results": [result]}))
+    return path
+
+
 def test_gate_write_check_and_refusals(tmp_path, monkeypatch):
     monkeypatch.setattr(gate, "git_state", lambda cwd=None: ("abc123" * 6, False))
     cfg = load("qwen2.5-32b-dapo")
     d = tmp_path / "gate"
+    chk = _loss_check(tmp_path / "check.json", cfg)
     with pytest.raises(gate.GateError, match="no toy gate"):
         gate.check(cfg, d)
     with pytest.raises(gate.GateError, match="primary 'p' reversed"):
-        gate.write(cfg, _summary(tmp_path, primary="reversed"), d)
+        gate.write(cfg, _summary(tmp_path, primary="reversed"), d, chk)
     with pytest.raises(gate.GateError, match="control"):
-        gate.write(cfg, _summary(tmp_path, control="EFFECT IN CONTROL"), d)
+        gate.write(cfg, _summary(tmp_path, control="EFFECT IN CONTROL"), d, chk)
     with pytest.raises(gate.GateError, match="primary 'p' has no confirmation block"):
-        gate.write(cfg, _summary(tmp_path, blocks=("discovery",)), d)
-    path = gate.write(cfg, _summary(tmp_path), d)
+        gate.write(cfg, _summary(tmp_path, blocks=("discovery",)), d, chk)
+    path = gate.write(cfg, _summary(tmp_path), d, chk)
     assert json.loads(path.read_text())["algo_hash"] == gate.algo_hash(cfg)
     assert gate.check(cfg, d)["commit"].startswith("abc123")
     other = load("qwen2.5-32b-dapo", ["algo.eps_high=0.3"])
@@ -62,6 +84,62 @@ def test_gate_write_check_and_refusals(tmp_path, monkeypatch):
     monkeypatch.setattr(gate, "git_state", lambda cwd=None: ("def456" * 6, False))
     with pytest.raises(gate.GateError, match="no toy gate for commit def456"):
         gate.check(cfg, d)
+
+
+USER_LOSS = """
+from dapo.loss import policy_loss
+
+
+def my_loss(logp, old_logp, advantages, mask, clip, *, is_weights=None):
+    return policy_loss(logp, old_logp, advantages, mask, clip, is_weights=is_weights)
+"""
+
+
+def test_the_gate_follows_the_loss(tmp_path, monkeypatch):
+    """A record holds the loss its check was for: another loss, an edit of the loss's module
+    after its check, a check at other knobs and a failed check are each refused, naming the
+    loss and the commands to run."""
+    from dapo.registry import resolve
+
+    monkeypatch.setattr(gate, "git_state", lambda cwd=None: ("abc123" * 6, False))
+    module = tmp_path / "gate_user_loss.py"
+    module.write_text(USER_LOSS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = "gate_user_loss:my_loss"
+    cfg = load("qwen2.5-32b-dapo", [f"algo.policy_loss={spec}"])
+    d = tmp_path / "gate"
+    record = json.loads(
+        gate.write(cfg, _summary(tmp_path), d, _loss_check(tmp_path / "c.json", cfg)).read_text()
+    )
+    entry = record["losses"][spec]
+    assert entry["passed"] and entry["claims"] == {"entropy_collapse": "protects"}
+    assert gate.check(cfg, d)["losses"][spec]["source_hash"] == entry["source_hash"]
+    # the built-in loss was never checked at this commit: refused, by name
+    with pytest.raises(
+        gate.GateError, match="no toy check of loss 'dapo' at this commit.*dapo toy check --config"
+    ):
+        gate.check(load("qwen2.5-32b-dapo"), d)
+    # the user's module edited after its check (a helper changed, not the function)
+    module.write_text(USER_LOSS + "\nSCALE = 2.0\n")
+    resolve.cache_clear()
+    monkeypatch.delitem(__import__("sys").modules, "gate_user_loss")
+    with pytest.raises(gate.GateError, match=f"loss '{spec}' changed since its toy check"):
+        gate.check(cfg, d)
+    # a check of another source of the loss (edited between the check and the gate): not recorded
+    with pytest.raises(gate.GateError, match=f"loss '{spec}' changed since this check"):
+        gate.write(cfg, _summary(tmp_path), d, _loss_check(tmp_path / "s.json", cfg, source="0" * 16))
+    # a check at other knobs than the config runs the loss with: not recorded
+    knobs = {"eps_low": 0.2, "eps_high": 0.2, "clip_ratio_c": 10.0, "loss_agg": "token-mean"}
+    with pytest.raises(gate.GateError, match="was checked at .* the config runs it at"):
+        gate.write(cfg, _summary(tmp_path), d, _loss_check(tmp_path / "k.json", cfg, knobs=knobs))
+    with pytest.raises(gate.GateError, match=f"holds no check of loss '{spec}'.*it checked: dapo"):
+        gate.write(cfg, _summary(tmp_path), d, _loss_check(tmp_path / "o.json", cfg, spec="dapo"))
+    # a failed check is recorded as failed, and the run refused with what failed
+    with pytest.raises(gate.GateError, match="failed its toy check"):
+        gate.write(cfg, _summary(tmp_path), d, _loss_check(tmp_path / "f.json", cfg, passed=False))
+    with pytest.raises(gate.GateError, match=f"loss '{spec}' failed its toy check .*harms"):
+        gate.check(cfg, d)
+    resolve.cache_clear()
 
 
 def test_train_refuses_without_gate_and_records_force(tmp_path, monkeypatch, capsys):
@@ -221,7 +299,7 @@ def test_one_commits_gate_holds_every_rung_written_for_it(tmp_path, monkeypatch)
     rungs = [load(n) for n in ("qwen2.5-32b-dapo", "qwen2.5-math-7b-dapo", "qwen2.5-math-1.5b-dapo")]
     assert len({gate.algo_hash(c) for c in rungs}) == 3
     for i, cfg in enumerate(rungs):
-        gate.write(cfg, _summary(tmp_path), d)
+        gate.write(cfg, _summary(tmp_path), d, _loss_check(tmp_path / f"check{i}.json", cfg))
         for written in rungs[: i + 1]:
             assert gate.check(written, d)["commit"].startswith("abc123")
         for unwritten in rungs[i + 1 :]:
@@ -242,6 +320,7 @@ def test_gate_write_ends_with_the_verdicts_figures_and_what_the_gate_is(tmp_path
     (tmp_path / "runs" / "toy" / "entropy_collapse" / "entropy_collapse.png").write_bytes(b"")
     (tmp_path / "runs" / "ladder").mkdir()
     (tmp_path / "runs" / "ladder" / "ladder.png").write_bytes(b"")
+    _loss_check(tmp_path / "runs" / "toy" / "check.json", load("qwen2.5-32b-dapo"))
     assert gate.main(["write", "--config", "qwen2.5-32b-dapo", "--toy-summary", str(summary)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("== the four failure modes")

@@ -7,9 +7,15 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from dapo.config import AGG_MODES
-from dapo.loss import aggregate, policy_loss, window_denominator
+from dapo.loss import ClipAgg, aggregate, policy_loss, window_denominator
 
 KW = dict(eps_low=0.2, eps_high=0.28)
+CLIP = ClipAgg(**KW)
+
+
+def clip(**kw):
+    """DAPO's clip (0.2 / 0.28) with ``kw`` in the keyword form (``agg=``, ``clip_ratio_c=``...)."""
+    return ClipAgg.from_keywords(**{**KW, **kw})
 
 
 def _setup(seed, b, t, equal=False):
@@ -25,8 +31,8 @@ def _setup(seed, b, t, equal=False):
 @given(st.integers(0, 10_000), st.integers(1, 6), st.integers(1, 7))
 def test_token_mean_equals_sample_mean_for_equal_lengths(seed, b, t):
     mask, old, delta, adv = _setup(seed, b, t, equal=True)
-    a, _ = policy_loss(old + delta, old, adv, mask, agg="token-mean", **KW)
-    s, _ = policy_loss(old + delta, old, adv, mask, agg="seq-mean-token-mean", **KW)
+    a, _ = policy_loss(old + delta, old, adv, mask, clip(agg="token-mean"))
+    s, _ = policy_loss(old + delta, old, adv, mask, clip(agg="seq-mean-token-mean"))
     assert torch.allclose(a, s, atol=1e-12)
 
 
@@ -56,7 +62,7 @@ def test_accumulated_micro_batches_equal_full_batch(seed, b, t, agg, n_micro, wi
     kw = dict(KW, agg=agg, norm_const=7.0, clip_ratio_c=3.0)
 
     theta = delta.clone().requires_grad_(True)
-    full, _ = policy_loss(old + theta, old, adv, mask, is_weights=w, **kw)
+    full, _ = policy_loss(old + theta, old, adv, mask, clip(**kw), is_weights=w)
     full.backward()
     g_full = theta.grad.clone()
 
@@ -72,9 +78,8 @@ def test_accumulated_micro_batches_equal_full_batch(seed, b, t, agg, n_micro, wi
             old[lo:hi],
             adv[lo:hi],
             mask[lo:hi],
+            clip(agg_denominator=denom, **kw),
             is_weights=None if w is None else w[lo:hi],
-            agg_denominator=denom,
-            **kw,
         )
         part.backward()
         total = total + part.detach()
@@ -87,10 +92,10 @@ def test_micro_batch_default_denominator_is_the_known_bug():
     mask = torch.tensor([[1, 0, 0], [1, 1, 1]], dtype=torch.bool)
     old = torch.zeros(2, 3, dtype=torch.float64)
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
-    full, _ = policy_loss(old, old, adv, mask, **KW)
+    full, _ = policy_loss(old, old, adv, mask, CLIP)
     naive = (
         sum(
-            policy_loss(old[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], **KW)[0]
+            policy_loss(old[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], CLIP)[0]
             for i in range(2)
         )
         / 2
@@ -108,7 +113,7 @@ def test_clip_gradient_zero_outside_and_unclipped_inside(a, log_r, eps_low, eps_
     x = torch.tensor([[-1.0 + log_r]], dtype=torch.float64, requires_grad=True)
     adv = torch.tensor([a], dtype=torch.float64)
     mask = torch.ones(1, 1, dtype=torch.bool)
-    loss, stats = policy_loss(x, old, adv, mask, eps_low=eps_low, eps_high=eps_high)
+    loss, stats = policy_loss(x, old, adv, mask, ClipAgg(eps_low=eps_low, eps_high=eps_high))
     loss.backward()
     grad = float(x.grad)
     clipped_side = (a > 0 and r > 1 + eps_high) or (a < 0 and r < 1 - eps_low)
@@ -127,9 +132,9 @@ def test_dual_clip_bounds_negative_advantage_loss(a, log_r, c):
     x = torch.tensor([[log_r]], dtype=torch.float64, requires_grad=True)
     adv = torch.tensor([a], dtype=torch.float64)
     mask = torch.ones(1, 1, dtype=torch.bool)
-    loss, _ = policy_loss(x, old, adv, mask, clip_ratio_c=c, **KW)
+    loss, _ = policy_loss(x, old, adv, mask, clip(clip_ratio_c=c))
     assert float(loss.detach()) <= -a * c + 1e-9
-    plain, _ = policy_loss(x, old, adv, mask, **KW)
+    plain, _ = policy_loss(x, old, adv, mask, CLIP)
     assert float(loss.detach()) == pytest.approx(min(float(plain.detach()), -a * c))
     loss.backward()
     if math.exp(log_r) > c:
@@ -141,8 +146,8 @@ def test_dual_clip_leaves_positive_advantages_alone():
     x = torch.full((1, 1), 0.1, dtype=torch.float64)
     adv = torch.tensor([2.0], dtype=torch.float64)
     mask = torch.ones(1, 1, dtype=torch.bool)
-    a, _ = policy_loss(x, old, adv, mask, clip_ratio_c=1.5, **KW)
-    b, _ = policy_loss(x, old, adv, mask, **KW)
+    a, _ = policy_loss(x, old, adv, mask, clip(clip_ratio_c=1.5))
+    b, _ = policy_loss(x, old, adv, mask, CLIP)
     assert float(a) == float(b)
 
 
@@ -150,7 +155,7 @@ def test_upclip_old_prob_and_padding_with_nan():
     old = torch.log(torch.tensor([[0.05, 0.9, float("nan")]], dtype=torch.float64))
     new = old + torch.tensor([[1.0, 0.5, 0.0]], dtype=torch.float64)  # ratios e, 1.65
     mask = torch.tensor([[True, True, False]])
-    loss, st_ = policy_loss(new, old, torch.tensor([1.0], dtype=torch.float64), mask, **KW)
+    loss, st_ = policy_loss(new, old, torch.tensor([1.0], dtype=torch.float64), mask, CLIP)
     assert torch.isfinite(loss)
     assert float(st_["clipfrac_upper"]) == 1.0
     assert float(st_["upclip_old_prob"]) == pytest.approx((0.05 + 0.9) / 2)
@@ -162,11 +167,11 @@ def test_clip_fractions_ignore_padding():
     old = torch.zeros(2, 4, dtype=torch.float64)
     new = torch.tensor([[0.0, 1.0, 5.0, 5.0], [-1.0, 0.0, -5.0, -5.0]], dtype=torch.float64)
     mask = torch.tensor([[True, True, False, False], [True, True, False, False]])
-    _, up = policy_loss(new, old, torch.tensor([1.0, 1.0], dtype=torch.float64), mask, clip_ratio_c=3.0, **KW)
+    _, up = policy_loss(new, old, torch.tensor([1.0, 1.0], dtype=torch.float64), mask, clip(clip_ratio_c=3.0))
     assert float(up["clipfrac_upper"]) == 0.25 and float(up["n_tokens"]) == 4
     assert float(up["n_upclip"]) == 1
     _, low = policy_loss(
-        new, old, torch.tensor([-1.0, -1.0], dtype=torch.float64), mask, clip_ratio_c=1.5, **KW
+        new, old, torch.tensor([-1.0, -1.0], dtype=torch.float64), mask, clip(clip_ratio_c=1.5)
     )
     assert float(low["clipfrac_lower"]) == 0.25  # only [1, 0]: ratio e^-1 < 0.8
     assert float(low["dual_clipfrac"]) == 0.25  # only [0, 1]: ratio e > 1.5
@@ -174,7 +179,7 @@ def test_clip_fractions_ignore_padding():
     assert float(low["approx_kl"]) == pytest.approx((math.e - 2 + math.exp(-1)) / 4)
     # zero advantages (a uniform group) are never clipped on either side
     _, zero = policy_loss(
-        new, old, torch.tensor([0.0, 0.0], dtype=torch.float64), mask, clip_ratio_c=1.5, **KW
+        new, old, torch.tensor([0.0, 0.0], dtype=torch.float64), mask, clip(clip_ratio_c=1.5)
     )
     assert (
         float(zero["clipfrac_upper"]) == float(zero["clipfrac_lower"]) == float(zero["dual_clipfrac"]) == 0.0
@@ -186,14 +191,14 @@ def test_log_ratio_is_clamped_before_exp():
     old = torch.zeros(1, 2, dtype=torch.float32)
     new = torch.tensor([[100.0, -100.0]], dtype=torch.float32, requires_grad=True)
     mask = torch.ones(1, 2, dtype=torch.bool)
-    loss, st_ = policy_loss(new, old, torch.tensor([-1.0], dtype=torch.float64), mask, **KW)
+    loss, st_ = policy_loss(new, old, torch.tensor([-1.0], dtype=torch.float64), mask, CLIP)
     # token 0: max(e^20, 1.28) = e^20; token 1: max(e^-20, 0.8) = 0.8; token mean
     assert float(loss.detach()) == pytest.approx((math.exp(20) + 0.8) / 2, rel=1e-6)
     assert loss.dtype == torch.float32  # the log-probs' dtype, whatever the advantages' dtype
     k3 = (math.exp(20) - 1 - 20) + (math.exp(-20) - 1 + 20)  # both sides clamped at |log r| = 20
     assert float(st_["approx_kl"]) == pytest.approx(k3 / 2, rel=1e-5)
     assert float(st_["ratio_mean"]) == pytest.approx((math.exp(20) + math.exp(-20)) / 2, rel=1e-5)
-    _, low = policy_loss(new[:, 1:].detach(), old[:, 1:], torch.tensor([-1.0]), mask[:, 1:], **KW)
+    _, low = policy_loss(new[:, 1:].detach(), old[:, 1:], torch.tensor([-1.0]), mask[:, 1:], CLIP)
     assert float(low["approx_kl"]) == pytest.approx(math.exp(-20) - 1 + 20)  # the lower side is clamped too
     loss.backward()
     assert torch.equal(new.grad, torch.zeros_like(new))  # beyond the clamp: no gradient
@@ -223,7 +228,7 @@ def test_empty_mask_gives_zero_connected_loss():
         torch.zeros(2, 3, dtype=torch.float64),
         torch.ones(2, dtype=torch.float64),
         torch.zeros(2, 3, dtype=torch.bool),
-        **KW,
+        CLIP,
     )
     assert float(loss.detach()) == 0.0
     loss.backward()
@@ -236,15 +241,15 @@ def test_is_weights_multiply_each_token_loss():
     mask = torch.tensor([[True, True, False], [True, True, True]])
     w = torch.tensor([[2.0, 0.5, 7.0], [1.0, 1.5, 0.25]], dtype=torch.float64)
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
-    plain, _ = policy_loss(new, old, adv, mask, agg="seq-mean-token-mean", **KW)
-    weighted, _ = policy_loss(new, old, adv, mask, agg="seq-mean-token-mean", is_weights=w, **KW)
+    plain, _ = policy_loss(new, old, adv, mask, clip(agg="seq-mean-token-mean"))
+    weighted, _ = policy_loss(new, old, adv, mask, clip(agg="seq-mean-token-mean"), is_weights=w)
     r = new.exp()
     per_tok = torch.maximum(-adv[:, None] * r, -adv[:, None] * r.clamp(0.8, 1.28))
     want = ((per_tok[0, :2] * w[0, :2]).mean() + (per_tok[1] * w[1]).mean()) / 2
     assert float(weighted) == pytest.approx(float(want), rel=1e-12)
     assert float(plain) != pytest.approx(float(weighted))
     mixed, _ = policy_loss(
-        new.float(), old.float(), adv, mask, is_weights=w, **KW
+        new.float(), old.float(), adv, mask, CLIP, is_weights=w
     )  # fp64 weights, fp32 log-probs
     assert mixed.dtype == torch.float32
 
@@ -276,14 +281,14 @@ def test_argument_errors_name_the_argument():
         ValueError, match=r"^advantages shape \(3,\) fits neither \[B\] nor \[B, T\] = \(2, 3\)$"
     ):
         policy_loss(
-            torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3, dtype=torch.bool), **KW
+            torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3, dtype=torch.bool), CLIP
         )
 
 
 def test_shape_errors():
     with pytest.raises(ValueError, match="shape"):
         policy_loss(
-            torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3, dtype=torch.bool), **KW
+            torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2), torch.ones(2, 3, dtype=torch.bool), CLIP
         )
     with pytest.raises(ValueError, match="agg"):
         policy_loss(
@@ -291,8 +296,7 @@ def test_shape_errors():
             torch.zeros(1, 1),
             torch.zeros(1),
             torch.ones(1, 1, dtype=torch.bool),
-            agg="mean",
-            **KW,
+            clip(agg="mean"),
         )
 
 
@@ -345,5 +349,5 @@ def test_multi_run_loss_keeps_its_dtype_and_no_upclip_gives_nan():
         assert aggregate(loss, mask, agg, norm_const=4.0).dtype == torch.float32
     logp = torch.zeros(2, 3)
     adv = torch.tensor([1.0, -1.0])
-    _, stats = policy_loss(logp, logp, adv, torch.ones(2, 3, dtype=torch.bool), agg="token-mean", **KW)
+    _, stats = policy_loss(logp, logp, adv, torch.ones(2, 3, dtype=torch.bool), clip(agg="token-mean"))
     assert math.isnan(float(stats["upclip_old_prob"]))  # no up-clipped token: undefined, not 0

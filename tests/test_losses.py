@@ -11,9 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo.loss import policy_loss, ratio_stats, window_denominator
+from dapo.loss import ClipAgg, policy_loss, ratio_stats, window_denominator
 from dapo.losses import cispo_loss, clip_cov_loss, gspo_loss, kl_cov_loss, per_run
-from toybench.losses import CONTRACT, LossSpecError, parse_spec, probe_contract, probe_knobs, resolve
+from dapo.registry import LossSpecError, parse_spec, resolve
+from toybench.losses import CONTRACT, probe_contract, probe_knobs
 
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -30,9 +31,17 @@ def batch(seed: int, B: int = 6, T: int = 7, spread: float = 0.6, empty_row: boo
     return logp, old, adv, mask
 
 
+def clip_and_own(kw):
+    """Keyword-form knobs (eps_low=..., agg=...) as the ClipAgg, and the loss's own parameters."""
+    legacy = ClipAgg(0.0, 0.0).keywords()
+    own = {k: v for k, v in kw.items() if k not in legacy}
+    return ClipAgg.from_keywords(**{k: v for k, v in kw.items() if k in legacy}), own
+
+
 def value_grad(fn, logp, old, adv, mask, **kw):
     lp = logp.detach().clone().requires_grad_(True)
-    out = fn(lp, old, adv, mask, **kw)
+    clip, own = clip_and_own(kw)
+    out = fn(lp, old, adv, mask, clip, **own)
     loss = out[0] if isinstance(out, tuple) else out
     loss.backward()
     return float(loss.detach()), lp.grad.clone()
@@ -151,7 +160,7 @@ def test_leading_run_dims_equal_one_run_at_a_time(seed, agg):
     stacked = [torch.stack([r[j].detach() for r in runs]) for j in range(4)]
     for fn in (gspo_loss, cispo_loss, per_run(kl_cov_loss), per_run(policy_loss)):
         lp = stacked[0].clone().requires_grad_(True)
-        loss, stats = fn(lp, stacked[1], stacked[2], stacked[3], agg=agg, **KNOBS)
+        loss, stats = fn(lp, stacked[1], stacked[2], stacked[3], ClipAgg.from_keywords(agg=agg, **KNOBS))
         assert loss.shape == (3,) and stats["n_tokens"].shape == (3,)
         loss.sum().backward()
         for i, r in enumerate(runs):
@@ -171,9 +180,9 @@ def _counted(fn):
     return counted, calls
 
 
-def _item_branch(logp, old_logp, advantages, mask, **kw):
+def _item_branch(logp, old_logp, advantages, mask, clip):
     """A loss written for one batch that branches on a value (vmap cannot run it)."""
-    loss, stats = policy_loss(logp, old_logp, advantages, mask, **kw)
+    loss, stats = policy_loss(logp, old_logp, advantages, mask, clip)
     return (loss * 2.0 if float(mask.sum()) > 20 else loss), stats
 
 
@@ -181,7 +190,7 @@ def _stacked_value_grad(fn, runs, agg):
     stacked = [torch.stack([r[j].detach() for r in runs]) for j in range(4)]
     lp = stacked[0].clone().requires_grad_(True)
     den = window_denominator(stacked[3], agg, KNOBS["norm_const"])
-    loss, stats = fn(lp, *stacked[1:], agg=agg, agg_denominator=den, **KNOBS)
+    loss, stats = fn(lp, *stacked[1:], ClipAgg.from_keywords(agg=agg, agg_denominator=den, **KNOBS))
     loss.sum().backward()
     return loss.detach(), stats, lp.grad
 
@@ -209,9 +218,9 @@ def test_per_run_makes_one_call_where_vmap_gives_the_loop_bit_for_bit(seed, agg,
         assert calls_made == (first + 2 if vectorised else first + 2 * n_runs), fn.__name__
 
 
-def _bare(logp, old_logp, advantages, mask, **kw):
+def _bare(logp, old_logp, advantages, mask, clip):
     """A loss written for one batch that returns no stats at all."""
-    return policy_loss(logp, old_logp, advantages, mask, **kw)[0]
+    return policy_loss(logp, old_logp, advantages, mask, clip)[0]
 
 
 @settings(max_examples=15, deadline=None)
@@ -222,10 +231,12 @@ def test_per_run_measures_the_stats_a_loss_leaves_out_as_each_run_alone_gives_th
     depend on which runs share a call), on the loop and, from the second call, under vmap;
     the keys a loss returns are its own."""
     runs = [batch(seed + i, empty_row=i == 1) for i in range(n_runs)]
-    alone = [ratio_stats(lp.detach(), old, adv, m, eps_low=0.2, eps_high=0.28) for lp, old, adv, m in runs]
+    alone = [
+        ratio_stats(lp.detach(), old, adv, m, ClipAgg(eps_low=0.2, eps_high=0.28)) for lp, old, adv, m in runs
+    ]
 
-    def own_n_tokens(logp, old_logp, advantages, mask, **kw):
-        return _bare(logp, old_logp, advantages, mask, **kw), {"n_tokens": mask.sum() * 0 + 7.0}
+    def own_n_tokens(logp, old_logp, advantages, mask, clip):
+        return _bare(logp, old_logp, advantages, mask, clip), {"n_tokens": mask.sum() * 0 + 7.0}
 
     for vectorise in (False, True):
         lifted = per_run(_bare, vectorise=vectorise)
@@ -247,9 +258,9 @@ def test_per_run_keeps_the_loop_for_a_loss_whose_calls_differ():
     runs = [batch(i) for i in range(3)]
     count = [0]
 
-    def scaled_by_call(logp, old_logp, advantages, mask, **kw):
+    def scaled_by_call(logp, old_logp, advantages, mask, clip):
         count[0] += 1
-        loss, stats = policy_loss(logp, old_logp, advantages, mask, **kw)
+        loss, stats = policy_loss(logp, old_logp, advantages, mask, clip)
         return loss * count[0], stats
 
     lifted = per_run(scaled_by_call)
@@ -283,7 +294,7 @@ need_verl = pytest.mark.skipif(
 )
 @pytest.mark.parametrize("agg", AGGS)
 def test_matches_verl_values_and_gradients(name, fn, agg):
-    from toybench.peers import verl_loss
+    from dapo.peers import verl_loss
 
     verl = verl_loss(name)
     for seed in range(25):
@@ -327,7 +338,7 @@ need_trl = pytest.mark.skipif(
 def test_trl_loss_types_are_dapo_aggregations(loss_type, agg):
     """TRL's own _compute_loss (through the stand-in) equals policy_loss with the matching
     aggregation when every response has a loss token."""
-    from toybench.peers import trl_loss
+    from dapo.peers import trl_loss
 
     trl = trl_loss(loss_type)
     for seed in range(10):
@@ -345,7 +356,7 @@ def test_trl_dr_grpo_counts_responses_without_loss_tokens():
     (B x max_completion_length), responses with no loss token included (e.g. truncated ones
     under mask_truncated_completions); DAPO's seq-mean-token-sum-norm counts the responses
     that have one."""
-    from toybench.peers import trl_loss
+    from dapo.peers import trl_loss
 
     logp, old, adv, mask = batch(1, empty_row=True)
     kw = dict(eps_low=0.2, eps_high=0.2, norm_const=7)
@@ -359,7 +370,7 @@ def test_trl_dr_grpo_counts_responses_without_loss_tokens():
 def test_trl_cispo_caps_the_ratio_at_epsilon_high_absolute():
     """TRL's cispo reads epsilon_high as the cap of the ratio itself (5.0 recommended), not
     1 + eps, and has no lower bound: it equals cispo_loss with eps_high = cap - 1, eps_low ~ 1."""
-    from toybench.peers import trl_loss
+    from dapo.peers import trl_loss
 
     logp, old, adv, mask = batch(2, spread=1.0)
     theirs = value_grad(trl_loss("cispo"), logp, old, adv, mask, eps_low=0.2, eps_high=1.5, norm_const=7)
@@ -495,7 +506,7 @@ def test_builtin_names_use_the_core_functions():
 
 
 def test_a_missing_peer_is_one_line_naming_the_install():
-    from toybench.peers import PEERS_HINT, _require
+    from dapo.peers import PEERS_HINT, _require
 
     with pytest.raises(LossSpecError) as e:
         _require("no_such_peer_package.core")
@@ -507,20 +518,62 @@ def test_verl_divides_0_by_0_without_the_window_denominator():
     """On record: verl's agg_loss normalises by the mask it is given, so a micro-batch with
     no loss token is NaN unless the trainer passes the window's count (global_batch_info),
     which the adapter does from agg_denominator; then micro-batches sum to the window."""
-    from toybench.peers import verl_loss
+    from dapo.peers import verl_loss
 
     for agg in AGGS:
         fn = verl_loss("vanilla")
         kw = dict(eps_low=0.2, eps_high=0.28, agg=agg, norm_const=7.0)
         logp, old, adv, mask = batch(3, B=6, T=7, empty_row=True)
         empty = torch.zeros_like(mask)
-        assert torch.isnan(fn(logp, old, adv, empty, **kw)[0])
+        assert torch.isnan(fn(logp, old, adv, empty, ClipAgg.from_keywords(**kw))[0])
         den = window_denominator(mask, agg, 7.0)
-        value = fn(logp, old, adv, empty, agg_denominator=den, **kw)[0]
+        value = fn(logp, old, adv, empty, ClipAgg.from_keywords(agg_denominator=den, **kw))[0]
         assert value == 0 and torch.isfinite(torch.autograd.grad(value, logp)[0]).all()
-        whole = fn(logp, old, adv, mask, **kw)[0]
+        whole = fn(logp, old, adv, mask, ClipAgg.from_keywords(**kw))[0]
         parts = sum(
-            fn(logp[s], old[s], adv[s], mask[s], agg_denominator=den, **kw)[0]
+            fn(logp[s], old[s], adv[s], mask[s], ClipAgg.from_keywords(agg_denominator=den, **kw))[0]
             for s in (slice(0, 2), slice(2, 6))
         )
         assert float(parts.detach()) == pytest.approx(float(whole.detach()), rel=1e-7), agg
+
+
+def _keyword_form(
+    logp, old_logp, advantages, mask, *, eps_low, eps_high, clip_ratio_c=None, agg="token-mean",
+    agg_denominator=None, norm_const=None, is_weights=None,
+):  # fmt: skip
+    """A loss written against the keyword form of before (``dapo.loss.policy_loss``'s old signature)."""
+    clip = ClipAgg(eps_low, eps_high, clip_ratio_c, agg, norm_const, agg_denominator)
+    return policy_loss(logp, old_logp, advantages, mask, clip, is_weights=is_weights)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    agg=st.sampled_from(AGGS),
+    dual=st.sampled_from([None, 1.5, 3.0]),
+    weighted=st.booleans(),
+    den=st.sampled_from([None, 5.0, 40.0]),
+)
+def test_the_keyword_form_runs_as_the_clip_form(seed, agg, dual, weighted, den):
+    """``as_policy_loss``: a loss in the keyword form gets every setting of ``clip`` under its
+    old name (value and gradient bit for bit the clip form's), off-policy weights only where it
+    takes them, and a clip-form loss is left as it is."""
+    from dapo.offpolicy import takes_weights
+    from dapo.registry import as_policy_loss
+
+    logp, old, adv, mask = batch(seed)
+    clip = ClipAgg(0.2, 0.28, dual, agg, 7, den)
+    w = {"is_weights": torch.linspace(0.5, 1.5, mask.numel(), dtype=torch.float64).view(mask.shape)}
+    w = w if weighted else {}
+    adapted = as_policy_loss(_keyword_form)
+    assert as_policy_loss(policy_loss) is policy_loss and takes_weights(adapted)
+    for a, b in zip(value_grad(adapted, logp, old, adv, mask, **clip.keywords(), **w),
+                    value_grad(policy_loss, logp, old, adv, mask, **clip.keywords(), **w)):  # fmt: skip
+        assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+
+    def unweighted(logp, old_logp, advantages, mask, *, eps_low, eps_high, clip_ratio_c=None, agg="token-mean",
+                   agg_denominator=None, norm_const=None):  # fmt: skip
+        return _keyword_form(logp, old_logp, advantages, mask, **ClipAgg(eps_low, eps_high).keywords())
+
+    assert not takes_weights(as_policy_loss(unweighted))  # tis_cap refuses it by name, not at a call
+    assert ClipAgg.from_keywords(**clip.keywords()) == clip

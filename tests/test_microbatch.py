@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_update import cfg_for as update_cfg
 
-from dapo.loss import policy_loss, window_denominator
+from dapo.loss import ClipAgg, policy_loss, window_denominator
 from dapo.losses import cispo_loss, clip_cov_loss, gspo_loss, kl_cov_loss
 from dapo.microbatch import equalize, token_budget_bins
 from dapo.update import LogProbs, update
@@ -209,10 +209,7 @@ def test_losses_on_empty_inputs_are_a_finite_zero_on_the_graph(fn, agg):
         logp.detach(),
         torch.zeros(0, dtype=torch.float64),
         mask,
-        eps_low=0.2,
-        eps_high=0.28,
-        agg=agg,
-        agg_denominator=window_denominator(full, agg),
+        ClipAgg(0.2, 0.28, agg=agg, denominator=window_denominator(full, agg)),
     )
     assert loss.dim() == 0 and float(loss.detach()) == 0.0 and loss.requires_grad
     loss.backward()

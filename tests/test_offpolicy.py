@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dapo.batch import RolloutBatch
 from dapo.config import REJECTION_OPTIONS, AlgoConfig, ConfigError
-from dapo.loss import policy_loss
+from dapo.loss import ClipAgg, policy_loss
 from dapo.offpolicy import (
     CORRECTIONS,
     correct,
@@ -125,17 +125,17 @@ def test_every_rejection_option_of_verl_is_ours():
 def test_weighted_dapo_loss_equals_verls_vanilla_with_rollout_is_weights():
     """The weights reach the loss as verl's trainer applies them (after the clip and the
     dual clip), value and gradient."""
-    from toybench.peers import verl_loss
+    from dapo.peers import verl_loss
 
     old, roll, mask = _batch(3, scale=0.5)
     g = torch.Generator().manual_seed(4)
     logp = (old + 0.3 * torch.randn(old.shape, generator=g, dtype=torch.float64)).requires_grad_(True)
     adv = torch.randn(old.shape[0], generator=g, dtype=torch.float64)
     w = is_weights(old - roll, mask, "sequence", 2.0)
-    kw = dict(eps_low=0.2, eps_high=0.28, clip_ratio_c=3.0, agg="token-mean", is_weights=w)
-    ours, _ = policy_loss(logp, old, adv, mask, **kw)
+    clip = ClipAgg(0.2, 0.28, clip_ratio_c=3.0, agg="token-mean")
+    ours, _ = policy_loss(logp, old, adv, mask, clip, is_weights=w)
     (g_ours,) = torch.autograd.grad(ours, logp)
-    theirs, _ = verl_loss("vanilla")(logp, old, adv, mask, **kw)
+    theirs, _ = verl_loss("vanilla")(logp, old, adv, mask, clip, is_weights=w)
     (g_theirs,) = torch.autograd.grad(theirs, logp)
     assert float(ours.detach()) == pytest.approx(float(theirs.detach()), rel=1e-9)
     assert torch.allclose(g_ours, g_theirs, atol=1e-12)
@@ -163,7 +163,9 @@ def test_decoupled_preset_equals_areals_decoupled_ppo(seed, cap, scale):
     adv = torch.randn(old.shape[0], generator=g, dtype=torch.float64)
     cfg = AlgoConfig(**{**correction_fields("decoupled"), "tis_cap": cap})
     corr = correct(old, roll, mask, mask, cfg)
-    ours, _ = policy_loss(logp, old, adv, corr.mask, eps_low=0.2, eps_high=0.28, is_weights=corr.weights)
+    ours, _ = policy_loss(
+        logp, old, adv, corr.mask, ClipAgg(eps_low=0.2, eps_high=0.28), is_weights=corr.weights
+    )
     theirs = _areal_decoupled_loss(logp, old, roll, adv, mask, 0.2, 0.28, cap)
     (g1,) = torch.autograd.grad(ours, logp)
     (g2,) = torch.autograd.grad(theirs, logp)

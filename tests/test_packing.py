@@ -14,7 +14,7 @@ need("transformers", "safetensors")
 
 from dapo.batch import RolloutBatch  # noqa: E402
 from dapo.config import AlgoConfig  # noqa: E402
-from dapo.loss import policy_loss  # noqa: E402
+from dapo.loss import ClipAgg, policy_loss  # noqa: E402
 from dapo.update import update  # noqa: E402
 
 PAD = 1
@@ -157,7 +157,7 @@ def test_dapo_loss_and_every_gradient_equal_packed_and_padded(model_path):
         batch = make_batch(pol, PLEN, RLEN)
         logp, _ent = response_logp(pol, batch, PAD, packed=packed)
         adv = torch.linspace(-1.0, 1.0, batch.size)
-        loss, stats = policy_loss(logp, batch.old_logp, adv, batch.mask, eps_low=0.2, eps_high=0.28)
+        loss, stats = policy_loss(logp, batch.old_logp, adv, batch.mask, ClipAgg(eps_low=0.2, eps_high=0.28))
         loss.backward()
         grads = {n: p.grad.detach().clone() for n, p in pol.named_parameters()}
         results.append((float(loss.detach()), stats, grads))

@@ -619,3 +619,85 @@ def test_prompt_selection_resumes_exactly(tiny, tmp_path):
     )
     assert r.returncode == 2, r.stderr[-2000:]
     assert "prompt selection is 'greso', this run's 'retire'" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- a user's loss, named in the config, in both placements ------------------------------------
+
+COUNTED_LOSS = '''
+import os
+
+from dapo.loss import policy_loss
+
+
+def counted(logp, old_logp, advantages, mask, clip, *, is_weights=None):
+    """DAPO's loss, each call written down (pid, rows) to $COUNTED_LOSS_LOG."""
+    with open(os.environ["COUNTED_LOSS_LOG"], "a") as f:
+        f.write(f"{os.getpid()} {logp.shape[0]}\\n")
+    return policy_loss(logp, old_logp, advantages, mask, clip, is_weights=is_weights)
+'''
+
+
+def test_a_users_loss_named_in_the_config_is_the_one_trained_in_both_placements(tiny, tmp_path):
+    """``algo.policy_loss=module:function``: the learner calls the user's function (every call
+    written down by the learner's process, none by a generator's), the colocated and the
+    disaggregated placement train the same steps with it (staleness 0: every metric to 1e-6),
+    and the run's config, its gate record and its start line name the loss."""
+    (tmp_path / "counted_loss.py").write_text(COUNTED_LOSS)
+    colo, dis = tmp_path / "colo", tmp_path / "dis"
+    base = ["train", "--config", "tiny-cpu", "algo.policy_loss=counted_loss:counted"]
+    runs = {}
+    for out, extra in ((colo, ("rollout.engine=hf", "eval.every=0")), (dis, DISAGG)):
+        log = tmp_path / f"{out.name}.calls"
+        env = {"COUNTED_LOSS_LOG": str(log), "PYTHONPATH": str(tmp_path)}
+        r = run_cli(base + overrides(tiny, out, *extra), env_extra=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "policy loss counted_loss:counted" in r.stderr.splitlines()[0]
+        calls = [line.split() for line in log.read_text().splitlines()]
+        assert calls and all(int(rows) > 0 for _, rows in calls)
+        assert {pid for pid, _ in calls}.isdisjoint(str(p) for p in _generator_pids(out))
+        assert json.loads((out / "config.json").read_text())["algo"]["policy_loss"] == "counted_loss:counted"
+        assert json.loads((out / "gate.json").read_text())["policy_loss"] == "counted_loss:counted"
+        runs[out.name] = metrics(out)
+        steps = sum(m["actor/optimizer_steps"] for m in runs[out.name])
+        assert steps > 0 and len(calls) >= steps  # at least one micro-batch per optimizer step
+    drop = ("sync/", "async/")
+    for x, y in zip(runs["colo"], runs["dis"], strict=True):
+        assert_same(
+            {k: v for k, v in comparable(x).items() if not k.startswith(drop)},
+            {k: v for k, v in comparable(y).items() if not k.startswith(drop)},
+        )
+
+
+def test_a_loss_that_cannot_run_is_refused_before_anything_is_built(tiny, tmp_path):
+    """One line naming algo.policy_loss, exit 2, no run directory: an unknown module, a loss that
+    cannot take the importance weights tiny-cpu's tis_cap sends, and one that raises at the
+    first step (after which resuming is the way on)."""
+    (tmp_path / "no_weights.py").write_text(
+        "from dapo.loss import policy_loss\n\n"
+        "def plain(logp, old_logp, advantages, mask, clip):\n"
+        "    return policy_loss(logp, old_logp, advantages, mask, clip)\n\n"
+        "def raises(logp, old_logp, advantages, mask, clip, *, is_weights=None):\n"
+        "    raise RuntimeError('my bug')\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path)}
+    for spec, words in (
+        ("no_such_module:f", "cannot import module 'no_such_module'"),
+        ("no_weights:plain", "takes no is_weights keyword"),
+    ):
+        out = tmp_path / spec.replace(":", "_")
+        r = run_cli(
+            ["train", "--config", "tiny-cpu", f"algo.policy_loss={spec}", *overrides(tiny, out)],
+            env_extra=env,
+        )
+        assert r.returncode == 2 and "algo.policy_loss" in r.stderr and words in r.stderr, r.stderr[-2000:]
+        assert len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+    out = tmp_path / "raises"
+    raising = ["algo.policy_loss=no_weights:raises", "rollout.engine=hf", "eval.every=0"]
+    r = run_cli(
+        ["train", "--config", "tiny-cpu", *raising, *overrides(tiny, out)],
+        env_extra=env,
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert "loss 'no_weights:raises' raised: RuntimeError: my bug" in last and "--resume auto" in last
+    assert "Traceback" not in r.stderr

@@ -39,6 +39,10 @@ def test_the_suite_writes_every_familys_files_and_equals_the_separate_commands(t
     tail = printed[printed.index("== the four failure modes") :]
     assert all(name in tail for name in REGISTRY) and "== reports" in tail
     assert "nox -s off_policy" in tail
+    # then the check of the config's loss (none given: DAPO's, at DAPO's knobs), for the gate
+    (checked,) = json.loads((out / "toy" / "check.json").read_text())["results"]
+    assert checked["loss"] == "dapo" and checked["knobs"]["eps_high"] == 0.28
+    assert "== the config's policy loss: dapo " in printed
     # the gate's summary is what `dapo toy run all` writes for the same seeds and horizon
     alone = tmp_path / "alone"
     assert dapo_main(["toy", "run", "all", "--seeds", "2", "--steps", "12", "--jobs", "2", "--quiet",

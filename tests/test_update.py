@@ -86,7 +86,7 @@ def test_micro_batching_does_not_change_the_update(agg):
 def _one_window_reference(batch, cfg, **loss_kw):
     """The gradient of the hand-built full-batch loss at the initial policy."""
     from dapo.advantages import group_advantages
-    from dapo.loss import policy_loss
+    from dapo.loss import ClipAgg, policy_loss
 
     ref = PositionPolicy()
     loss_mask = batch.mask & ~batch.truncated.unsqueeze(-1) if cfg.overlong_filter else batch.mask
@@ -95,11 +95,13 @@ def _one_window_reference(batch, cfg, **loss_kw):
         batch.old_logp,
         group_advantages(batch.rewards, 4, eps=cfg.adv_eps, std_norm=cfg.adv_std_norm),
         loss_mask,
-        eps_low=cfg.eps_low,
-        eps_high=cfg.eps_high,
-        clip_ratio_c=cfg.clip_ratio_c,
-        agg=cfg.loss_agg,
-        norm_const=cfg.norm_const,
+        ClipAgg(
+            eps_low=cfg.eps_low,
+            eps_high=cfg.eps_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            agg=cfg.loss_agg,
+            norm_const=cfg.norm_const,
+        ),
         **loss_kw,
     )
     loss.backward()
@@ -108,7 +110,7 @@ def _one_window_reference(batch, cfg, **loss_kw):
 
 def test_first_window_gradient_equals_hand_computed_full_window_loss():
     from dapo.advantages import group_advantages
-    from dapo.loss import policy_loss
+    from dapo.loss import ClipAgg, policy_loss
 
     pol, ref = PositionPolicy(), PositionPolicy()
     batch = make_batch(ref)
@@ -118,7 +120,7 @@ def test_first_window_gradient_equals_hand_computed_full_window_loss():
     adv = group_advantages(batch.rewards, 4)
     loss_mask = batch.mask & ~batch.truncated.unsqueeze(-1)
     loss, _ = policy_loss(
-        ref(batch).logp, batch.old_logp, adv, loss_mask, eps_low=0.2, eps_high=0.28, clip_ratio_c=3.0
+        ref(batch).logp, batch.old_logp, adv, loss_mask, ClipAgg(eps_low=0.2, eps_high=0.28, clip_ratio_c=3.0)
     )
     loss.backward()
     assert torch.allclose(pol.logits.detach(), (ref.logits - ref.logits.grad).detach(), atol=1e-10)
@@ -315,7 +317,7 @@ def test_token_statistics_are_the_full_batch_statistics():
     # lr 0: every micro-batch sees the same policy, so the token-weighted combination over
     # windows and micro-batches must equal the statistics of one policy_loss over the batch
     from dapo.advantages import group_advantages
-    from dapo.loss import policy_loss
+    from dapo.loss import ClipAgg, policy_loss
 
     batch = make_batch(PositionPolicy(seed=1), n_groups=4)
     pol = PositionPolicy()
@@ -327,9 +329,7 @@ def test_token_statistics_are_the_full_batch_statistics():
         batch.old_logp,
         group_advantages(batch.rewards, 4),
         loss_mask,
-        eps_low=0.2,
-        eps_high=0.28,
-        clip_ratio_c=1.5,
+        ClipAgg(eps_low=0.2, eps_high=0.28, clip_ratio_c=1.5),
     )
     for key in ("clipfrac_upper", "clipfrac_lower", "dual_clipfrac", "approx_kl", "upclip_old_prob"):
         assert m[f"actor/{key}"] == pytest.approx(float(st_[key]), abs=1e-12), key
@@ -340,7 +340,11 @@ def test_token_statistics_are_the_full_batch_statistics():
         ref = PositionPolicy()
         w = batch.select(rows)
         loss, _ = policy_loss(
-            ref(w).logp, w.old_logp, adv[rows], loss_mask[rows], eps_low=0.2, eps_high=0.28, clip_ratio_c=1.5
+            ref(w).logp,
+            w.old_logp,
+            adv[rows],
+            loss_mask[rows],
+            ClipAgg(eps_low=0.2, eps_high=0.28, clip_ratio_c=1.5),
         )
         loss.backward()
         losses.append(float(loss.detach()))
@@ -418,7 +422,7 @@ def test_skipped_window_statistics_stay_out_of_the_metrics():
     m = update(batch, fn, torch.optim.SGD(pol.parameters(), lr=0.0), cfg_for(), micro_batch_size=4)
     assert m["actor/skipped_steps"] == 1 and m["actor/optimizer_steps"] == 1
     from dapo.advantages import group_advantages
-    from dapo.loss import policy_loss
+    from dapo.loss import ClipAgg, policy_loss
 
     w2 = batch.select(torch.arange(8, 16))
     ref = PositionPolicy()(w2)
@@ -427,9 +431,7 @@ def test_skipped_window_statistics_stay_out_of_the_metrics():
         w2.old_logp,
         group_advantages(batch.rewards, 4)[8:],
         w2.mask,
-        eps_low=0.2,
-        eps_high=0.28,
-        clip_ratio_c=3.0,
+        ClipAgg(eps_low=0.2, eps_high=0.28, clip_ratio_c=3.0),
     )
     assert m["actor/approx_kl"] == pytest.approx(float(st_["approx_kl"]), abs=1e-12)
     assert m["actor/clipfrac_upper"] == pytest.approx(float(st_["clipfrac_upper"]), abs=1e-12)

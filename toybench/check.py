@@ -52,22 +52,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dapo.offpolicy import correction_fields
+from dapo.registry import FAILURE_MODES, KNOBS, Loss, LossSpecError, knob_values, resolve, source_hash
 
 from .check_words import DOES_NOT_LEARN, FRAGILE, LEARNING_MARGIN, PROTECTS, legend
 from .experiment import Arm, Contrast, Experiment, ExperimentResult, Log, Summary, run_experiments
-from .losses import (
-    FAILURE_MODES,
-    KNOBS,
-    Loss,
-    LossSpecError,
-    knob_readings,
-    knob_values,
-    probe_contract,
-    probe_knobs,
-    probe_line,
-    resolve,
-    uses_weights,
-)
+from .losses import knob_readings, probe_contract, probe_knobs, probe_line, uses_weights
 from .matched import gain, read_matched
 from .stats import Interval, paired_interval
 
@@ -320,6 +309,7 @@ class LossResult:
 
         return {
             "loss": self.loss.spec,
+            "source_hash": source_hash(self.loss),
             "source": self.loss.source,
             "knobs": self.knobs,
             "params": self.loss.params,

@@ -8,14 +8,16 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from dapo.cliargs import UsageError
 from dapo.config import AGG_MODES, AlgoConfig, ConfigError
 from dapo.offpolicy import CORRECTIONS
+from dapo.registry import BUILTIN, KNOBS, Loss, LossSpecError, of_config, resolve
 
 from .check import MODES, OffPolicy, check, format_table
-from .losses import BUILTIN, KNOBS, LossSpecError, resolve
+from .run_config import load_algo
 
 
 def _knob(item: str) -> tuple[str, Any]:
@@ -63,7 +65,7 @@ window of ~500 tokens gets one token (``max(1, int(2e-4 * n))``)."""
 def all_specs() -> tuple[list[str], str]:
     """Every built-in (and the covariance losses at a toy-sized share), plus the verl and
     TRL losses with a recipe when importable."""
-    from . import peers
+    from dapo import peers
 
     specs = [*BUILTIN, *SCALED]
     notes = []
@@ -77,12 +79,73 @@ def all_specs() -> tuple[list[str], str]:
     return specs, "; ".join(notes)
 
 
-def main(args: argparse.Namespace, argv: list[str] | None) -> int:
-    if not args.loss and not args.all:
-        raise UsageError(
-            "check: name at least one LOSS (e.g. dapo, verl:clip_cov, mypkg.losses:my_loss) or --all"
+def config_knobs(algo: AlgoConfig) -> dict[str, Any]:
+    """The loss knobs of a config, as ``--set`` gives them."""
+    return {k: getattr(algo, k) for k in KNOBS}
+
+
+def check_config_loss(args: argparse.Namespace, path: Path, command: str) -> int:
+    """``dapo toy suite``'s last part: the loss of ``--config`` (default: DAPO's) checked at the
+    config's knobs on the suite's seeds, written to ``path`` as ``dapo toy check --json`` writes
+    it, its verdict printed. 0 whatever the verdict (``dapo gate write`` judges it); 2 when the
+    config or its loss cannot be used."""
+    algo = AlgoConfig() if args.config is None else load_algo(args.config)
+    loss = _config_loss(algo)
+    t0 = time.perf_counter()
+    try:
+        (result,) = check(
+            [loss],
+            seeds=args.seeds,
+            seed_start=args.seed_start,
+            confirm=not args.no_confirm,
+            overrides=config_knobs(algo),
+            jobs=args.jobs,
+            progress=not args.quiet,
         )
-    overrides = dict(_knob(item) for item in args.set)
+    except LossSpecError as e:
+        raise UsageError(f"check: {e}") from None
+    seconds = time.perf_counter() - t0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_payload(args, command, seconds, [result]), indent=2, default=str) + "\n")
+    verdict = "passes" if result.passed else "FAILS: " + "; ".join(result.reasons)
+    print(f"== the config's policy loss: {loss.spec} {verdict} ({seconds:.0f} s; {path})")
+    return 0
+
+
+def _config_loss(algo: AlgoConfig) -> Loss:
+    try:
+        return of_config(algo)
+    except LossSpecError as e:
+        raise UsageError(f"--config: {e}") from None
+
+
+def _payload(args: argparse.Namespace, command: str, seconds: float, results: list[Any]) -> dict[str, Any]:
+    return {
+        "command": command,
+        "config": getattr(args, "config", None),
+        "seeds_per_block": args.seeds,
+        "seed_start": args.seed_start,
+        "confirm": not args.no_confirm,
+        "staleness": getattr(args, "staleness", 0),
+        "partial": getattr(args, "partial", False),
+        "correction": getattr(args, "correction", "none"),
+        "seconds": round(seconds, 1),
+        "results": [r.to_json() for r in results],
+    }
+
+
+def main(args: argparse.Namespace, argv: list[str] | None) -> int:
+    if not args.loss and not args.all and args.config is None:
+        raise UsageError(
+            "check: name at least one LOSS (e.g. dapo, verl:clip_cov, mypkg.losses:my_loss), --config FILE "
+            "(its algo.policy_loss) or --all"
+        )
+    overrides = {}
+    algo = None
+    if args.config is not None:
+        algo = load_algo(args.config)
+        overrides = config_knobs(algo)
+    overrides.update(_knob(item) for item in args.set)
     if args.correction not in CORRECTIONS:
         raise UsageError(f"--correction {args.correction!r}: choose from {', '.join(CORRECTIONS)}")
     if args.partial and not args.staleness:
@@ -93,6 +156,8 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
     if os.getcwd() not in sys.path:  # `module:function` from the current directory, as pytest finds tests
         sys.path.insert(0, os.getcwd())
     specs = list(args.loss)
+    if algo is not None and not specs and not args.all:
+        specs = [_config_loss(algo).spec]
     note = ""
     if args.all:
         extra, note = all_specs()
@@ -128,17 +193,7 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
         print(f"every arm off-policy: staleness {args.staleness}{partial}, correction {args.correction}\n")
     print(markdown_as_text(format_table(results), tables=2))
     command = "dapo toy " + " ".join(argv if argv is not None else sys.argv[2:])
-    payload = {
-        "command": command,
-        "seeds_per_block": args.seeds,
-        "seed_start": args.seed_start,
-        "confirm": not args.no_confirm,
-        "staleness": args.staleness,
-        "partial": args.partial,
-        "correction": args.correction,
-        "seconds": round(seconds, 1),
-        "results": [r.to_json() for r in results],
-    }
+    payload = _payload(args, command, seconds, results)
     if args.json is not None:
         args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
         print(f"\njson: {args.json}")

@@ -10,6 +10,7 @@ from pathlib import Path
 from dapo.cliargs import Int, OutDir, OutFile, Parser, Text, UsageError
 
 from .check_words import VERDICTS
+from .run_config import presets
 
 QUIET_HELP = (
     "no progress bar; still a plain progress line every 30 s ($DAPO_QUIET_PROGRESS_S): never silent minutes"
@@ -75,6 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
     su.add_argument(
         "--steps", type=Int(lo=10), default=None, help="override every horizon (exploration and tests only)"
     )
+    su.add_argument(
+        "--config",
+        type=Text(),
+        default=None,
+        help=f"a run config (a YAML file or a bundled preset: {', '.join(presets())}) whose algo.policy_loss "
+        "is checked after the families, at its algo knobs, into OUT/toy/check.json (what `dapo gate write` records); default: "
+        "DAPO's loss at DAPO's knobs",
+    )
     sub.add_parser(
         "list", help="list the experiments", description="List the failure-mode experiments and their arms."
     )
@@ -97,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=Text(),
         help="loss specs: a built-in (dapo, grpo, dr_grpo, gspo, cispo, clip_cov, kl_cov), verl:NAME, "
         "trl:LOSS_TYPE or module:function, optionally with parameters NAME[key=value,...]",
+    )
+    c.add_argument(
+        "--config",
+        type=Text(),
+        default=None,
+        help=f"a run config (a YAML file or a bundled preset: {', '.join(presets())}): with no LOSS named, "
+        "check its algo.policy_loss; "
+        "every loss runs at its algo knobs (eps_low, eps_high, clip_ratio_c, loss_agg), as `dapo train` "
+        "would run it (`dapo gate write` records the result for the loss)",
     )
     c.add_argument(
         "--all",
@@ -413,4 +431,6 @@ def _suite(args, argv) -> int:
     table = format_table(result.families["prompt_selection"])
     print(table[: table.index("\n== verdicts")] if "\n== verdicts" in table else table)
     print(closing_summary(result, paths))
-    return 0
+    from .check_cli import check_config_loss
+
+    return check_config_loss(args, Path(args.out) / "toy" / "check.json", command)

@@ -50,13 +50,13 @@ from dapo import (
     rollout_stats,
     uniform_groups,
 )
-from dapo.loss import window_denominator
+from dapo.loss import ClipAgg, window_denominator
 from dapo.offpolicy import correct, finish, require_weights
 from dapo.prompt_selection import PromptSelection, parse_spec, select
+from dapo.registry import BUILTIN as BUILTIN_LOSSES
+from dapo.registry import parse_spec as parse_loss_spec
+from dapo.registry import resolve as resolve_loss
 
-from .losses import BUILTIN as BUILTIN_LOSSES
-from .losses import parse_spec as parse_loss_spec
-from .losses import resolve as resolve_loss
 from .policies import (
     EOS,
     TabularPolicy,
@@ -620,12 +620,7 @@ class _Engine:
                             sub.pick(ratio_logp[:, rows][:, cols]),
                             sub.pick(adv[:, rows][:, cols]),
                             sub.pick(slot_mask[:, cols]),
-                            eps_low=c.eps_low,
-                            eps_high=c.eps_high,
-                            clip_ratio_c=c.clip_ratio_c,
-                            agg=c.loss_agg,
-                            agg_denominator=sub.pick(denom),
-                            norm_const=c.norm_const,
+                            ClipAgg.of(c, sub.pick(denom)),
                             **weight_kw,
                         )
                         total = total + torch.where(sub.pick(stepping), li, torch.zeros_like(li)).sum()

@@ -33,7 +33,7 @@ class Arm:
     """Fault injection passed to :class:`RunSpec` (``engine_noise``, ``engine_noise_from``,
     ``lr_boost``, ``lr_boost_from``, ``nan_steps``)."""
     loss: str = "dapo"
-    """The policy loss (a :func:`toybench.losses.resolve` spec; see ``dapo toy check``)."""
+    """The policy loss (a :func:`dapo.registry.resolve` spec; see ``dapo toy check``)."""
     selection: str | None = None
     """Prompt selection before generation (:attr:`toybench.runner.RunSpec.selection`)."""
     drift_at: int | None = None

@@ -1,276 +1,19 @@
-"""Policy losses by name, for the toy regime: this project's, verl's, TRL's and users'.
-
-A *loss spec* names a loss and, optionally, its own parameters:
-
-* a built-in name (:data:`BUILTIN`): ``dapo``, ``grpo``, ``dr_grpo``, ``gspo``, ``cispo``,
-  ``clip_cov``, ``kl_cov``;
-* ``verl:NAME``: verl's registered policy loss, called through verl's own
-  ``get_policy_loss_fn`` (:mod:`toybench.peers`);
-* ``trl:LOSS_TYPE``: TRL's ``GRPOTrainer._compute_loss`` for that ``loss_type``;
-* ``module:function``: any importable function with :func:`dapo.loss.policy_loss`'s
-  signature (:class:`dapo.losses.PolicyLossFn`).
-
-Parameters follow in brackets: ``clip_cov[clip_cov_ratio=0.02]``. :func:`resolve` turns a
-spec into a :class:`Loss`: a function over runs ([R, B, T], as the batched engine calls
-it), the loss's own recipe for the clip and aggregation knobs, the knobs it says it acts
-on, and the failure modes it claims to fix (each with the source of the claim).
+"""The toy check's probes of a policy loss: does it act on the knobs it says it honours, and
+does it keep the contract every policy loss must (finite, masked, the right sign). The loss
+itself comes from the core's registry (:mod:`dapo.registry`: built-ins, verl's, TRL's and
+users' losses), which this module re-exports for the toy regime's callers.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import inspect
 import math
-import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from dapo import losses as dl
-from dapo.loss import policy_loss, window_denominator
-
-from .loss_spec import CLIP_AGG, DAPO_KNOBS, Loss, LossSpecError, seeded_by_batch
-
-KNOBS = ("eps_low", "eps_high", "clip_ratio_c", "loss_agg")
-"""The :class:`~dapo.AlgoConfig` knobs a policy loss receives (``loss_agg`` arrives as
-``agg``)."""
-
-FAILURE_MODES = ("entropy_collapse", "zero_gradient", "length_bias", "truncation_noise")
-
-
-@dataclass(frozen=True)
-class _Entry:
-    fn: Callable[..., Any]
-    knobs: dict[str, Any]
-    honours: tuple[str, ...]
-    claims: tuple[str, ...]
-    source: str
-    batched: bool = True
-    params: dict[str, Any] = field(default_factory=dict)
-
-
-BUILTIN: dict[str, _Entry] = {
-    "dapo": _Entry(
-        policy_loss,
-        DAPO_KNOBS,
-        KNOBS,
-        ("entropy_collapse", "length_bias"),
-        "DAPO (Yu et al. 2025) Eq. 10 + 12: Clip-Higher 0.2/0.28, token-mean",
-    ),
-    "grpo": _Entry(
-        policy_loss,
-        {**DAPO_KNOBS, "eps_high": 0.2, "loss_agg": "seq-mean-token-mean"},
-        KNOBS,
-        (),
-        "GRPO (Shao et al. 2024) Eq. 3: symmetric 0.2, per-response mean (the unprotected baseline)",
-    ),
-    "dr_grpo": _Entry(
-        policy_loss,
-        {**DAPO_KNOBS, "eps_high": 0.2, "loss_agg": "seq-mean-token-sum-norm"},
-        KNOBS,
-        ("length_bias",),
-        "Dr. GRPO (Liu et al. 2025): per-response token sum / a constant (claims no length bias)",
-    ),
-    "gspo": _Entry(
-        dl.gspo_loss,
-        {**DAPO_KNOBS, "eps_low": 3e-4, "eps_high": 4e-4, "loss_agg": "seq-mean-token-mean"},
-        CLIP_AGG,
-        (),
-        "GSPO (Zheng et al. 2025) Eq. 5-7, 13-14: sequence ratio clipped at 3e-4/4e-4 (claims stability)",
-    ),
-    "cispo": _Entry(
-        dl.cispo_loss,
-        {**DAPO_KNOBS, "eps_low": 0.99, "eps_high": 4.0},
-        CLIP_AGG,
-        ("entropy_collapse",),
-        "CISPO (MiniMax-M1 2025) Eq. 4-5: detached IS weight capped at 5, no lower bound in effect; "
-        "keeps the gradient of clipped rare tokens",
-    ),
-    "clip_cov": _Entry(
-        dl.clip_cov_loss,
-        {**DAPO_KNOBS, "eps_high": 0.2},
-        CLIP_AGG,
-        ("entropy_collapse",),
-        "Clip-Cov (Cui et al. 2025) Eq. 12-13: detach the gradient of high-covariance tokens",
-        batched=False,
-    ),
-    "kl_cov": _Entry(
-        dl.kl_cov_loss,
-        {**DAPO_KNOBS, "eps_high": 0.2},
-        ("loss_agg",),
-        ("entropy_collapse",),
-        "KL-Cov (Cui et al. 2025) Eq. 14: KL penalty on the top-covariance tokens",
-        batched=False,
-    ),
-}
-
-_SPEC = re.compile(r"^(?P<name>[^\[\]]+?)(?:\[(?P<params>[^\[\]]*)\])?$")
-
-
-def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``name[k=v,...]`` -> (name, params); values parsed as numbers where they are."""
-    m = _SPEC.match(spec.strip())
-    if not m or not m.group("name").strip():
-        raise LossSpecError(f"loss {spec!r}: expected NAME or NAME[key=value,...]")
-    params: dict[str, Any] = {}
-    for item in filter(None, (p.strip() for p in (m.group("params") or "").split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise LossSpecError(f"loss {spec!r}: parameter {item!r} is not key=value")
-        params[key.strip()] = _value(value.strip())
-    return m.group("name").strip(), params
-
-
-def _value(text: str) -> Any:
-    for cast in (int, float):
-        try:
-            v = cast(text)
-        except ValueError:
-            continue
-        if isinstance(v, float) and not math.isfinite(v):
-            raise LossSpecError(f"loss parameter value {text!r} is not finite")
-        return v
-    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
-
-
-def _builtin(name: str, params: dict[str, Any], spec: str) -> Loss:
-    e = BUILTIN[name]
-    fn = e.fn
-    if params:
-        _check_params(fn, params, spec)
-        fn = functools.partial(fn, **params)
-    if name == "clip_cov":
-        fn = seeded_by_batch(fn)
-    if not e.batched:
-        fn = dl.per_run(fn)
-    return Loss(spec, fn, dict(e.knobs), e.honours, e.claims, e.source, params)
-
-
-def _check_params(fn: Callable[..., Any], params: dict[str, Any], spec: str) -> None:
-    sig = inspect.signature(fn)
-    own = [p for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY and p.name not in _INTERFACE]
-    for key in params:
-        if key not in {p.name for p in own}:
-            known = ", ".join(p.name for p in own) or "none"
-            raise LossSpecError(f"loss {spec!r}: unknown parameter {key!r} (its parameters: {known})")
-
-
-_INTERFACE = ("eps_low", "eps_high", "clip_ratio_c", "agg", "agg_denominator", "norm_const")
-
-
-def _user(name: str, params: dict[str, Any], spec: str) -> Loss:
-    module, _, attr = name.partition(":")
-    try:
-        mod = importlib.import_module(module)
-    except (Exception, SystemExit) as e:  # ImportError, and whatever else the module raises at import
-        raise LossSpecError(f"loss {spec!r}: cannot import module {module!r} ({_one_line(e)})") from None
-    fn = getattr(mod, attr, None)
-    if not callable(fn):
-        raise LossSpecError(f"loss {spec!r}: module {module!r} has no function {attr!r}")
-    _check_signature(fn, spec)
-    honours = declared_knobs(fn, spec)
-    if params:
-        fn = functools.partial(fn, **params)
-    return Loss(
-        spec,
-        _guarded(dl.per_run(fn), spec),
-        dict(DAPO_KNOBS),
-        honours,
-        ("entropy_collapse", "length_bias"),
-        f"user function {name}, run with DAPO's loss knobs (claims what DAPO's loss claims)",
-        params,
-    )
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    if isinstance(e, SyntaxError) and e.lineno is not None:
-        text = f"{e.msg} at {e.filename}:{e.lineno}"
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
-def _check_signature(fn: Callable[..., Any], spec: str) -> None:
-    """The loss must take :class:`dapo.losses.PolicyLossFn`'s arguments: four positional
-    (or ``*args``) and the interface's keywords (or ``**kwargs``)."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return
-    kinds = [p.kind for p in sig.parameters.values()]
-    positional = sum(
-        k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds
-    )
-    if positional < 4 and inspect.Parameter.VAR_POSITIONAL not in kinds:
-        raise LossSpecError(
-            f"loss {spec!r}: takes fewer than 4 positional arguments "
-            "(logp, old_logp, advantages, mask); see dapo.losses.PolicyLossFn"
-        )
-    if inspect.Parameter.VAR_KEYWORD not in kinds:
-        missing = [k for k in _INTERFACE if k not in sig.parameters]
-        if missing:
-            raise LossSpecError(
-                f"loss {spec!r}: lacks keyword argument(s) {', '.join(missing)} of dapo.losses.PolicyLossFn"
-            )
-
-
-KNOBS_ATTRIBUTE = "dapo_knobs"
-"""A user's loss declares the knobs it honours as a function attribute,
-``my_loss.dapo_knobs = ("eps_low", "eps_high")``; without it, every knob of :data:`KNOBS`
-(what DAPO's loss honours). ``dapo toy check --knobs`` overrides both."""
-
-
-def declared_knobs(fn: Callable[..., Any], spec: str) -> tuple[str, ...]:
-    value = getattr(fn, KNOBS_ATTRIBUTE, None)
-    if value is None:
-        return KNOBS
-    names = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
-    if names is None or any(not isinstance(n, str) or n not in KNOBS for n in names):
-        raise LossSpecError(
-            f"loss {spec!r}: {KNOBS_ATTRIBUTE} = {value!r} must be a tuple of knob names from {', '.join(KNOBS)}"
-        )
-    return tuple(k for k in KNOBS if k in names)
-
-
-def _guarded(fn: Callable[..., Any], spec: str) -> Callable[..., Any]:
-    """A user's loss that raises on the toy's tensors is bad input, reported in one line."""
-
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:
-            raise LossSpecError(f"loss {spec!r} raised on the toy batch: {type(e).__name__}: {e}") from None
-
-    return call
-
-
-@functools.cache
-def resolve(spec: str) -> Loss:
-    """The :class:`Loss` a spec names; :class:`LossSpecError` (one line) if none."""
-    name, params = parse_spec(spec)
-    if name in BUILTIN:
-        return _builtin(name, params, spec)
-    prefix, sep, rest = name.partition(":")
-    if sep and prefix in ("verl", "trl"):
-        from . import peers
-
-        return peers.resolve(prefix, rest, params, spec)
-    if sep and rest and re.fullmatch(r"[A-Za-z_][\w.]*", prefix) and rest.isidentifier():
-        return _user(name, params, spec)
-    raise LossSpecError(
-        f"loss {spec!r}: not a built-in ({', '.join(BUILTIN)}), verl:NAME, trl:LOSS_TYPE or module:function"
-    )
-
-
-def knob_values(loss: Loss, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The loss's recipe with ``overrides`` applied, as :class:`~dapo.AlgoConfig` fields."""
-    out = {**loss.knobs, **(overrides or {})}
-    return {k: out[k] for k in KNOBS}
-
+from dapo.loss import ClipAgg, window_denominator
+from dapo.registry import Loss, LossSpecError, knob_values
 
 # ---- the probes: the loss's knobs and its contract ---------------------------------------
 
@@ -305,18 +48,12 @@ def _call(
     logp, old, adv, mask = batch if batch is not None else _probe_batch()
     logp = logp.clone().requires_grad_(True)
     weights = {} if is_weights is None else {"is_weights": is_weights.unsqueeze(0)}
+    den = None if denominator is None else torch.tensor([denominator], dtype=torch.float64)
+    clip = ClipAgg(
+        knobs["eps_low"], knobs["eps_high"], knobs["clip_ratio_c"], knobs["loss_agg"], PROBE_T, den
+    )
     value, _ = loss.fn(
-        logp.unsqueeze(0),
-        old.unsqueeze(0),
-        adv.unsqueeze(0),
-        mask.unsqueeze(0),
-        eps_low=knobs["eps_low"],
-        eps_high=knobs["eps_high"],
-        clip_ratio_c=knobs["clip_ratio_c"],
-        agg=knobs["loss_agg"],
-        agg_denominator=None if denominator is None else torch.tensor([denominator], dtype=torch.float64),
-        norm_const=PROBE_T,
-        **weights,
+        logp.unsqueeze(0), old.unsqueeze(0), adv.unsqueeze(0), mask.unsqueeze(0), clip, **weights
     )
     if not isinstance(value, Tensor) or not value.requires_grad:
         raise ProbeError(

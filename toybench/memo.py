@@ -8,7 +8,7 @@ pure function of its :class:`~toybench.runner.RunSpec` and the engine that train
 key is both), and :func:`toybench.experiment.run_experiments` already trains a run two
 experiments share once per call on the same grounds.
 
-Only runs of built-in losses (:data:`toybench.losses.BUILTIN`) are kept: a user's loss is
+Only runs of built-in losses (:data:`dapo.registry.BUILTIN`) are kept: a user's loss is
 code that can change between two calls in one process (an edited module, a monkeypatch),
 and so is a peer's. The CPU seconds a result reports count the runs its call trained.
 """
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .losses import BUILTIN, parse_spec
+from dapo.registry import BUILTIN, parse_spec
+
 from .runner import RunSpec
 
 Log = list[dict[str, float]]

@@ -13,8 +13,8 @@ from torch import Tensor
 
 from dapo import AlgoConfig, DynamicSampler, RolloutBatch, SamplingWarning, config_reward, update
 from dapo.prompt_selection import PromptSelection, parse_spec, select
+from dapo.registry import resolve as resolve_loss
 
-from .losses import resolve as resolve_loss
 from .policies import POLICIES, TabularPolicy, ToyPolicy, sample_table, table_cdf, table_logp_entropy
 from .tasks import TASKS, TokenTask, episode_end, verify
 
@@ -54,7 +54,7 @@ class RunSpec:
     """Fault injection for health checks: steps whose new log-probs are NaN (a numerical
     fault the update must skip)."""
     loss: str = "dapo"
-    """The policy loss, a spec of :func:`toybench.losses.resolve` (``dapo`` is
+    """The policy loss, a spec of :func:`dapo.registry.resolve` (``dapo`` is
     :func:`dapo.loss.policy_loss`; the clip and aggregation knobs still come from ``cfg``)."""
     staleness: int = 0
     """Off-policy rollouts: step s generates with the policy version ``max(s - staleness, 0)``

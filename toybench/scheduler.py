@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dapo.progress import Progress
+from dapo.registry import LossSpecError
 
-from .losses import LossSpecError
 from .runner import RunSpec, train
 
 Log = list[dict[str, float]]

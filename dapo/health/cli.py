@@ -341,6 +341,7 @@ def _judge(args: argparse.Namespace, cfg: HealthConfig, knobs: Any, references: 
         out = {
             label: {
                 "format": fmt,
+                "policy_loss": knobs.get("policy_loss"),
                 "verdict": verdicts[label].status,
                 "notes": run_notes(runs[label]),
                 "reading": notes,
@@ -354,6 +355,8 @@ def _judge(args: argparse.Namespace, cfg: HealthConfig, knobs: Any, references: 
         print(json.dumps(out, indent=2))
     else:
         print(f"format: {fmt}")
+        if knobs.get("policy_loss"):  # from the run's config.json, or --knob policy_loss=...
+            print(f"policy loss: {knobs['policy_loss']}")
         print(
             "\n\n".join(
                 format_findings(label, fs, cfg, run_notes(runs[label]), _steps(runs[label]))
@@ -364,7 +367,16 @@ def _judge(args: argparse.Namespace, cfg: HealthConfig, knobs: Any, references: 
             )
         )
     if args.report:
-        path = write_report(args.report, args.run, runs, results, references, cfg, args.max_figures)
+        path = write_report(
+            args.report,
+            args.run,
+            runs,
+            results,
+            references,
+            cfg,
+            args.max_figures,
+            policy_loss=knobs.get("policy_loss"),
+        )
         if comparisons:
             from .against import append_report
 

@@ -10,6 +10,7 @@ from typing import Any
 from .rules import KNOBS, Knobs
 
 FROM_CONFIG = {
+    "policy_loss": ("algo", "policy_loss"),
     "eps_low": ("algo", "eps_low"),
     "eps_high": ("algo", "eps_high"),
     "dynamic_sampling": ("algo", "dynamic_sampling"),

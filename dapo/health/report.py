@@ -78,15 +78,18 @@ def write_report(
     references: Mapping[str, ReferenceCurve],
     config: HealthConfig = HealthConfig(),
     max_figures: int = 12,
+    policy_loss: str | None = None,
 ) -> Path:
-    """Write ``report.md`` and the figures (seaborn, when installed) to ``out``."""
+    """Write ``report.md`` and the figures (seaborn, when installed) to ``out``; ``policy_loss``
+    (from the run's ``config.json``) is named under the title."""
     out.mkdir(parents=True, exist_ok=True)
     first = next(iter(results.values()))
     verdicts = {label: verdict(fs, config) for label, fs in results.items()}
     lines = [
         f"# Health report: `{source}`",
         "",
-        f"{len(runs)} run(s). Rules and thresholds: `dapo.health`.",
+        f"{len(runs)} run(s). Rules and thresholds: `dapo.health`."
+        + (f" Policy loss: `{policy_loss}`." if policy_loss else ""),
         "",
     ]
     lines += [

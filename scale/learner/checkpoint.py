@@ -249,7 +249,24 @@ def export(path: Path, out: Path, dtype: torch.dtype = torch.bfloat16, base: str
     out.mkdir(parents=True, exist_ok=True)
     lm.to(dtype).save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(hf).save_pretrained(out)
+    # what the model was trained with (dapo eval records it): the run's algo section, its loss
+    trained = {"step": trainer_state.get("step"), "algo": trainer_state.get("config", {}).get("algo")}
+    (out / TRAINED_WITH).write_text(json.dumps(trained, indent=2, default=str))
     return out
+
+
+TRAINED_WITH = "dapo_training.json"
+"""Beside an exported model: the training step and the run's ``algo`` section (its
+``policy_loss`` among them), which ``dapo eval --out`` records."""
+
+
+def trained_with(model_dir: str | Path) -> dict[str, Any] | None:
+    """What :func:`export` recorded beside a model (None for a model it did not write)."""
+    try:
+        found = json.loads((Path(model_dir) / TRAINED_WITH).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def _adapter_shape(c: LoraConfig) -> tuple[Any, ...]:

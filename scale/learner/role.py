@@ -22,6 +22,8 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 
 from dapo import DataParallel, RolloutBatch, update
+from dapo.loss import policy_loss
+from dapo.registry import Loss, of_config
 
 from ..dist.topology import all_max
 from . import checkpoint as ckpt
@@ -61,11 +63,13 @@ def run_update(
     *,
     max_tokens: int | None = None,
     sharded: bool = False,
+    loss_fn: Callable[..., Any] = policy_loss,
 ) -> dict[str, float]:
     """Recompute old log-probs, then :func:`dapo.update` with accelerate's backward, the global
     grad-norm clip and a cross-rank sum for the window denominators. Micro-batches hold
     ``micro_batch_size`` responses, or up to ``max_tokens`` tokens (packed) with the same
-    number of micro-batches on every rank."""
+    number of micro-batches on every rank. ``loss_fn``: the policy loss (the config's,
+    :func:`dapo.registry.of_config`)."""
     world = acc.num_processes
 
     def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
@@ -87,6 +91,7 @@ def run_update(
         dp=DataParallel(world, all_reduce_sum if world > 1 else None),
         backward=acc.backward,
         clip_grad_norm=clip_grad_norm(policy, acc, sharded),
+        loss_fn=loss_fn,
     )
     if batch.rollout_logp is not None:
         gap = (batch.old_logp - batch.rollout_logp).abs()[batch.mask]
@@ -106,12 +111,16 @@ class Learner:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     pad_id: int
+    loss: Loss
+    """The policy loss ``algo.policy_loss`` names (:func:`dapo.registry.of_config`)."""
 
     @classmethod
     def build(cls, cfg: Any, acc: Any, pad_id: int) -> Learner:
-        """The model on its ranks (DDP or FSDP2; with ``model.lora`` its adapters), then AdamW
-        over the trainable parameters the ranks hold (the adapters only, with LoRA) and the
-        warm-up schedule (``train.warmup_steps`` linear, then constant)."""
+        """The policy loss (``algo.policy_loss``, resolved before anything is built), the model on
+        its ranks (DDP or FSDP2; with ``model.lora`` its adapters), then AdamW over the
+        trainable parameters the ranks hold (the adapters only, with LoRA) and the warm-up
+        schedule (``train.warmup_steps`` linear, then constant)."""
+        loss = of_config(cfg.algo)
         policy, unwrapped = build_policy(cfg, acc)
         t = cfg.train
         optimizer = torch.optim.AdamW(
@@ -121,7 +130,7 @@ class Learner:
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0
         )
-        return cls(cfg, acc, policy, unwrapped, optimizer, scheduler, pad_id)
+        return cls(cfg, acc, policy, unwrapped, optimizer, scheduler, pad_id, loss)
 
     @property
     def sharded(self) -> bool:
@@ -144,6 +153,7 @@ class Learner:
             self.pad_id,
             max_tokens=t.max_tokens_per_micro_batch,
             sharded=self.sharded,
+            loss_fn=self.loss.fn,
         )
         with warnings.catch_warnings():  # a step whose batch was empty took no optimizer step
             warnings.filterwarnings("ignore", message="Detected call of", category=UserWarning)

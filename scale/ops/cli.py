@@ -89,8 +89,9 @@ def _plural(n: int, word: str, many: str | None = None) -> str:
 
 
 def placement_line(cfg, world: int) -> str:  # type: ignore[no-untyped-def]
-    """Where a run writes and how it is placed, said once at its start: ``dapo train:
-    colocated, 1 process, output runs/tiny-cpu (metrics.jsonl, checkpoints/)``; a
+    """Where a run writes, how it is placed and the loss it trains with, said once at its start:
+    ``dapo train: colocated, 1 process, policy loss dapo, output runs/tiny-cpu (metrics.jsonl,
+    checkpoints/)``; a
     disaggregated run names its learners, its generator processes and ``max_staleness``."""
     r = cfg.rollout
     if cfg.disaggregated:
@@ -102,7 +103,7 @@ def placement_line(cfg, world: int) -> str:  # type: ignore[no-untyped-def]
         )
     else:
         how = f"colocated, {_plural(world, 'process', 'processes')}"
-    return f"dapo train: {how}, output {cfg.output.dir} (metrics.jsonl, checkpoints/)"
+    return f"dapo train: {how}, policy loss {cfg.algo.policy_loss}, output {cfg.output.dir} (metrics.jsonl, checkpoints/)"
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -126,6 +127,13 @@ def train_main(argv: list[str] | None = None) -> int:
     if args.resume not in (None, "auto") and not Path(args.resume).is_dir():
         raise UsageError(f"--resume: no such checkpoint directory: {args.resume!r} (or 'auto')")
     _say_staleness(cfg)
+    from dapo.registry import LossSpecError, of_config
+
+    try:
+        loss = of_config(cfg.algo)  # a loss that cannot run is refused before anything is built
+    except LossSpecError as err:
+        print(f"dapo train: {err}", file=sys.stderr)
+        return 2
     if args.validate_only:
         ensure_tiny(cfg, model=False)
         if args.gpu_type and _engine_does_not_fit(cfg, GPUS[args.gpu_type]):
@@ -149,12 +157,12 @@ def train_main(argv: list[str] | None = None) -> int:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         if _engine_does_not_fit(cfg, GpuType(props.name, props.total_memory / (1 << 30), float("nan"))):
             return 2
-    gate = {"required": args.require_gate}
+    gate: dict[str, Any] = {"required": args.require_gate, "policy_loss": loss.spec}
     if args.require_gate:
         from .gate import GateError, check
 
         try:
-            gate["record"] = check(cfg)
+            gate["record"] = check(cfg, loss=loss)
         except GateError as err:
             if not args.force:
                 print(
@@ -212,6 +220,13 @@ def train_main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 4
+    except LossSpecError as err:  # the user's loss raised on a training batch
+        print(
+            f"dapo train: rank {os.environ.get('RANK', '0')}: {err}; fix the loss, then resume with "
+            f"--resume auto (the last checkpoint under {cfg.output.dir}/checkpoints)",
+            file=sys.stderr,
+        )
+        return 2
     except (ScheduleError, StalenessError) as err:  # a bug, not a fault: resuming would meet it again
         print(f"dapo train: rank {os.environ.get('RANK', '0')}: {err}", file=sys.stderr)
         return 3
@@ -609,6 +624,8 @@ def eval_main(argv: list[str] | None = None) -> int:
             ci = f"  [{lo:.3f}, {hi:.3f}]" if lo is not None else ""
             print(f"{k:<16} {v:.4f}{ci}")
     if args.out:
+        from ..learner.checkpoint import trained_with
+
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(
             json.dumps(
@@ -616,6 +633,8 @@ def eval_main(argv: list[str] | None = None) -> int:
                     "summary": summary,
                     "data": data.summary(),
                     "settings": {k: str(v) for k, v in vars(args).items()},
+                    # the run that trained the model (its loss), where dapo export wrote it
+                    "trained_with": trained_with(args.model),
                     "predictions": [
                         {"source": p.source, "row": p.row, "answer": p.answer, "predictions": r.predictions}
                         for p, r in zip(problems, results)

@@ -1,11 +1,17 @@
 """The toy gate: a full-scale run starts only after the toy checks passed for this exact
-commit and algorithm config.
+commit, algorithm config and policy loss.
 
-``dapo gate write --config FILE --toy-summary runs/toy/summary.json`` records, when every
-toy experiment's primary effect was reproduced and every control showed no effect,
-``runs/gate/<commit>.json`` with the commit, whether the tree was dirty, and the hash of the
-config's ``algo`` section. ``dapo gate check --config FILE`` exits 0 only if such a record
-matches the current commit (clean tree) and config; otherwise it says why.
+``dapo gate write --config FILE`` reads the toy suite's summary (``--toy-summary``, default
+``runs/toy/summary.json``) and the toy check of the config's ``algo.policy_loss``
+(``--loss-check``, default ``runs/toy/check.json``: what ``dapo toy suite --config FILE`` or
+``dapo toy check --config FILE --json ...`` writes). When every toy experiment's primary effect
+was reproduced and every control showed no effect, it records ``runs/gate/<commit>.json``:
+the commit, whether the tree was dirty, the hash of the config's ``algo`` section, and for
+the loss its name, a hash of its source (:func:`dapo.registry.source_hash`: the function and
+its module) and its check's verdict per claim. ``dapo gate check --config FILE`` (and
+``dapo train --require-gate``) exits 0 only if such a record matches the current commit
+(clean tree), config and loss, the loss's source is the one checked, and its check passed;
+otherwise it says why, naming the loss and the command to run.
 """
 
 from __future__ import annotations
@@ -69,7 +75,73 @@ def toy_verdicts(summary: dict) -> tuple[bool, list[str]]:
     return not problems, problems
 
 
-def write(cfg, toy_summary: Path, gate_dir: Path = GATE_DIR) -> Path:
+LOSS_CHECK = Path("runs/toy/check.json")
+
+
+def check_command(cfg_name: str) -> str:
+    """The commands that make a loss check the gate records, for a config named ``cfg_name``."""
+    return (
+        f"`dapo toy check --config {cfg_name} --json {LOSS_CHECK}`, then "
+        f"`dapo gate write --config {cfg_name}`"
+    )
+
+
+def loss_entry(cfg, loss_check: Path, loss=None) -> dict:
+    """What the gate records of the config's loss from its toy check (``dapo toy check
+    --json``): name, source hash, knobs, whether it passed and each claimed mode's verdict.
+    :class:`MalformedSummary` for a file that is not a check; :class:`GateError` when it holds no
+    result for this loss at this config's knobs, or one for another source of it (the loss was
+    edited after its check)."""
+    from dapo.registry import KNOBS, LossSpecError, of_config, source_hash
+
+    try:
+        loss = loss or of_config(cfg.algo)
+    except LossSpecError as err:
+        raise MalformedSummary(str(err)) from None
+    try:
+        payload = json.loads(Path(loss_check).read_text())
+        results = payload["results"]
+        found = [r for r in results if r["loss"] == loss.spec]
+    except OSError as err:
+        raise GateError(
+            f"no toy check of loss {loss.spec!r} ({loss_check}: {err.strerror}); run {check_command('FILE')}"
+        ) from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise MalformedSummary(f"{loss_check}: not a toy check (dapo toy check --json): {err!r}") from None
+    want = {k: getattr(cfg.algo, k) for k in KNOBS}
+    if not found:
+        have = ", ".join(str(r.get("loss")) for r in results if isinstance(r, dict)) or "none"
+        raise GateError(
+            f"{loss_check} holds no check of loss {loss.spec!r}, the config's algo.policy_loss "
+            f"(it checked: {have}); run {check_command('FILE')}"
+        )
+    r = found[-1]
+    if r.get("knobs") != want:
+        raise GateError(
+            f"{loss_check}: loss {loss.spec!r} was checked at {r.get('knobs')}, the config runs it at {want}; "
+            f"run {check_command('FILE')}"
+        )
+    if r.get("source_hash") != source_hash(loss):
+        raise GateError(
+            f"{loss_check}: loss {loss.spec!r} changed since this check (source hash {r.get('source_hash')} "
+            f"-> {source_hash(loss)}); run {check_command('FILE')}"
+        )
+    modes = r.get("modes") or {}
+    return {
+        "source_hash": source_hash(loss),
+        "knobs": want,
+        "passed": bool(r.get("passed")),
+        "claims": {m: v.get("protection") for m, v in modes.items() if v.get("claimed")},
+        "failures": list(r.get("failures") or []),
+        "check": str(loss_check),
+        "command": payload.get("command"),
+    }
+
+
+def write(cfg, toy_summary: Path, gate_dir: Path = GATE_DIR, loss_check: Path = LOSS_CHECK) -> Path:
+    """Record that the toy checks passed for this commit, config and loss (see the module
+    docstring). A loss whose check failed is recorded as failed (so that ``check`` names what
+    failed) and :class:`GateError` says so."""
     summary = json.loads(Path(toy_summary).read_text())
     if not isinstance(summary, dict) or not isinstance(summary.get("experiments"), dict):
         raise MalformedSummary(f"{toy_summary}: not a toy summary (no 'experiments' mapping)")
@@ -79,15 +151,19 @@ def write(cfg, toy_summary: Path, gate_dir: Path = GATE_DIR) -> Path:
         raise MalformedSummary(f"{toy_summary}: not a toy summary (malformed contrast: {err!r})") from None
     if not ok:
         raise GateError("toy checks did not pass:\n  " + "\n  ".join(problems))
+    entry = loss_entry(cfg, loss_check)
     commit, dirty = git_state()
     gate_dir.mkdir(parents=True, exist_ok=True)
     path = gate_dir / f"{commit}.json"
     # one record per commit; each config written for it adds its algo hash (the rungs of the
     # presets share the toy checks, which do not depend on the algo section)
     before = _read(path) if path.is_file() else {}
-    hashes = [] if before.get("dirty", True) != dirty else list(_hashes(before))
+    same = before.get("dirty", True) == dirty
+    hashes = list(_hashes(before)) if same else []
     if algo_hash(cfg) not in hashes:
         hashes.append(algo_hash(cfg))
+    losses = dict(before.get("losses") or {}) if same else {}
+    losses[cfg.algo.policy_loss] = entry
     record = {
         "commit": commit,
         "dirty": dirty,
@@ -96,8 +172,14 @@ def write(cfg, toy_summary: Path, gate_dir: Path = GATE_DIR) -> Path:
         "written": time.time(),
         "toy_summary": str(toy_summary),
         "verdicts": {k: v["verdict"] for k, v in summary["experiments"].items()},
+        "losses": losses,
     }
     path.write_text(json.dumps(record, indent=2))
+    if not entry["passed"]:
+        raise GateError(
+            f"loss {cfg.algo.policy_loss!r} failed its toy check ({loss_check}), recorded as failed:\n  "
+            + "\n  ".join(entry["failures"])
+        )
     return path
 
 
@@ -123,8 +205,15 @@ class MalformedSummary(GateError):
     """The toy summary given to ``gate write`` is not one (bad input: exit 2)."""
 
 
-def check(cfg, gate_dir: Path = GATE_DIR) -> dict:
-    """The matching gate record, or :class:`GateError` saying what is missing."""
+def check(cfg, gate_dir: Path = GATE_DIR, loss=None) -> dict:
+    """The matching gate record, or :class:`GateError` saying what is missing. ``loss``: the
+    config's resolved loss (resolved here when not given)."""
+    from dapo.registry import LossSpecError, of_config, source_hash
+
+    try:
+        loss = loss or of_config(cfg.algo)
+    except LossSpecError as err:
+        raise MalformedSummary(str(err)) from None
     commit, dirty = git_state()
     if dirty:
         raise GateError(
@@ -140,6 +229,20 @@ def check(cfg, gate_dir: Path = GATE_DIR) -> dict:
     record = json.loads(path.read_text())
     if record.get("dirty"):
         raise GateError(f"{path}: the toy checks ran on a dirty tree; rerun `nox -s toy` on the clean commit")
+    entry = (record.get("losses") or {}).get(loss.spec)
+    redo = check_command("FILE")
+    if entry is None:
+        raise GateError(f"{path}: no toy check of loss {loss.spec!r} at this commit; run {redo}")
+    if entry.get("source_hash") != source_hash(loss):
+        raise GateError(
+            f"{path}: loss {loss.spec!r} changed since its toy check (source hash {entry.get('source_hash')} "
+            f"-> {source_hash(loss)}); run {redo}"
+        )
+    if not entry.get("passed"):
+        failed = "; ".join(entry.get("failures") or []) or "see its check"
+        raise GateError(
+            f"{path}: loss {loss.spec!r} failed its toy check ({failed}); fix it, then run {redo}"
+        )
     if algo_hash(cfg) not in _hashes(record):
         raise GateError(
             f"{path}: the toy gate was written for another algo config "
@@ -151,8 +254,9 @@ def check(cfg, gate_dir: Path = GATE_DIR) -> dict:
 
 WHAT_THE_GATE_IS = (
     "the toy gate: a full-scale run (`dapo train --require-gate`, `nox -s scale`) starts only on "
-    "the commit and config algo section a record was written for, and a record is written only "
-    "when every primary claim reproduced on both seed blocks and every control stayed quiet"
+    "the commit, config algo section and policy loss (its source as checked) a record was written "
+    "for, and only when every primary claim reproduced on both seed blocks, every control stayed "
+    "quiet and the loss passed its toy check"
 )
 
 
@@ -197,11 +301,21 @@ def build_parser() -> argparse.ArgumentParser:
             required=True,
             help=f"a YAML file or a bundled preset ({', '.join(presets())}); its algo section is hashed",
         )
+        q.add_argument(
+            "overrides", type=Text(), nargs="*", help="section.field=value, as `dapo train` takes them"
+        )
     w.add_argument(
         "--toy-summary",
         type=InFile("json"),
         default="runs/toy/summary.json",
         help="summary.json of `dapo toy run all` (default runs/toy/summary.json)",
+    )
+    w.add_argument(
+        "--loss-check",
+        type=Text(),
+        default=str(LOSS_CHECK),
+        help=f"the toy check of the config's algo.policy_loss, as `dapo toy check --config FILE --json` "
+        f"or `dapo toy suite --config FILE` writes it (default {LOSS_CHECK})",
     )
     return ap
 
@@ -213,14 +327,14 @@ def main(argv: list[str] | None = None) -> int:
     from ..config import load
 
     try:
-        cfg = load(args.config)
+        cfg = load(args.config, args.overrides)
         if args.cmd == "write":
             try:
                 block = verdict_block(args.toy_summary, json.loads(Path(args.toy_summary).read_text()))
             except (ValueError, AttributeError, TypeError):
                 block = ""  # not a summary: write() says so
             try:
-                path = write(cfg, args.toy_summary)
+                path = write(cfg, args.toy_summary, loss_check=args.loss_check)
             except GateError as err:
                 if block and not isinstance(err, MalformedSummary):
                     print(block)  # the verdicts, then the refusal below
@@ -228,8 +342,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{block}\n== {WHAT_THE_GATE_IS}\n   gate written: {path}")
         else:
             rec = check(cfg)
+            name = cfg.algo.policy_loss
             print(
-                f"gate ok: commit {rec['commit'][:10]}, algo {rec['algo_hash']}, toy verdicts {rec['verdicts']}"
+                f"gate ok: commit {rec['commit'][:10]}, algo {algo_hash(cfg)}, loss {name} "
+                f"(source {rec['losses'][name]['source_hash']}, claims {rec['losses'][name]['claims']}), "
+                f"toy verdicts {rec['verdicts']}"
             )
         return 0
     except (MalformedSummary, ConfigError) as err:

@@ -333,7 +333,7 @@ def run_time(pl: Plan, cfg, cluster: Cluster) -> dict[str, float]:
 def format_plan(pl: Plan, cfg, cluster: Cluster) -> str:
     lines = [
         f"model {cfg.model.path}: {pl.params / 1e9:.2f} B parameters; {cluster.nodes} node(s) x "
-        f"{cluster.gpus_per_node} GPUs x {cluster.gpu_mem_gib:g} GiB",
+        f"{cluster.gpus_per_node} GPUs x {cluster.gpu_mem_gib:g} GiB; policy loss {cfg.algo.policy_loss}",
         "",
         "per GPU (GiB):",
     ]

@@ -1,8 +1,8 @@
 """Copy this file into your project's tests to check your policy loss in CI (seconds, CPU).
 
 Point LOSS at your function, ``package.module:function``, with the signature of
-``dapo.loss.policy_loss`` (logp, old_logp, advantages, mask, *, eps_low, eps_high,
-clip_ratio_c, agg, agg_denominator, norm_const) -> loss or (loss, stats). A verl or TRL loss
+``dapo.loss.policy_loss`` (logp, old_logp, advantages, mask, clip) -> loss or (loss, stats),
+``clip`` the clip and aggregation settings (``dapo.loss.ClipAgg``). A verl or TRL loss
 is named ``verl:NAME`` / ``trl:LOSS_TYPE`` (install the peers first; see docs/how-to/bring-your-own-loss.md). Each
 assertion runs the toy failure-mode experiment with your loss in place of the unprotected
 arm's, on two disjoint blocks of paired seeds, and fails with a message naming what is

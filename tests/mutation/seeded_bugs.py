@@ -86,15 +86,15 @@ BUGS = [
     Bug(
         "upper clip fraction counted over padding",
         "dapo/loss.py",
-        "up = mask & (adv > 0) & (ratio > 1.0 + eps_high)",
-        "up = (adv > 0) & (ratio > 1.0 + eps_high)",
+        "up = mask & (adv > 0) & (ratio > 1.0 + clip.eps_high)",
+        "up = (adv > 0) & (ratio > 1.0 + clip.eps_high)",
         True,
     ),
     Bug(
         "lower clip fraction counted over padding",
         "dapo/loss.py",
-        "low = mask & (adv < 0) & (ratio < 1.0 - eps_low)",
-        "low = (adv < 0) & (ratio < 1.0 - eps_low)",
+        "low = mask & (adv < 0) & (ratio < 1.0 - clip.eps_low)",
+        "low = (adv < 0) & (ratio < 1.0 - clip.eps_low)",
         True,
     ),
     Bug(
@@ -129,8 +129,8 @@ BUGS = [
     Bug(
         "eps_low and eps_high swapped",
         "dapo/loss.py",
-        "ratio.clamp(1.0 - eps_low, 1.0 + eps_high)",
-        "ratio.clamp(1.0 - eps_high, 1.0 + eps_low)",
+        "ratio.clamp(1.0 - clip.eps_low, 1.0 + clip.eps_high)",
+        "ratio.clamp(1.0 - clip.eps_high, 1.0 + clip.eps_low)",
     ),
     Bug(
         "min instead of max of the two surrogates",
@@ -144,7 +144,12 @@ BUGS = [
         "dual = (adv < 0) & (per_token > bound)",
         "dual = per_token > bound",
     ),
-    Bug("old log-probs not detached", "dapo/loss.py", "old_logp = old_logp.detach()\n", ""),
+    Bug(
+        "old log-probs not detached",
+        "dapo/loss.py",
+        "token_advantages(advantages, logp), old_logp.detach()",
+        "token_advantages(advantages, logp), old_logp",
+    ),
     Bug(
         "padding multiplied instead of masked (0 * inf = nan)",
         "dapo/loss.py",

@@ -15,6 +15,7 @@ Knobs = Mapping[str, float | str | bool]
 ...: :data:`KNOBS`); advice checks them before it recommends."""
 
 KNOBS = {
+    "policy_loss": str,
     "eps_low": float,
     "eps_high": float,
     "dynamic_sampling": bool,

@@ -5,10 +5,10 @@ trl==1.16.0``; docs/how-to/bring-your-own-loss.md). Tested with verl 0.9.1 and T
 
 verl: ``verl.trainer.ppo.core_algos.get_policy_loss_fn(name)`` is called with an
 ``ActorConfig`` built from the run's knobs: ``clip_ratio``/``clip_ratio_low`` =
-``eps_low``, ``clip_ratio_high`` = ``eps_high``, ``loss_agg_mode`` = ``agg``,
+``eps_low``, ``clip_ratio_high`` = ``eps_high``, ``loss_agg_mode`` = ``agg`` (of :class:`dapo.loss.ClipAgg`),
 ``loss_scale_factor`` = ``norm_const``, ``clip_ratio_c`` = the run's dual clip or, when
 the run has none, :data:`NO_DUAL_CLIP` (verl always applies one, default 3), and the
-loss's own parameters in ``policy_loss`` (``PolicyLossConfig``). ``agg_denominator``
+loss's own parameters in ``policy_loss`` (``PolicyLossConfig``). ``clip.denominator``
 becomes ``global_batch_info`` (the window's token or response count), as verl's trainer
 passes it for each micro-batch; without it verl normalises by the mask it is given, which
 for a micro-batch with no loss token is 0 / 0.
@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dapo.losses import per_run
-
-from .loss_spec import CLIP_AGG, DAPO_KNOBS, Loss, LossSpecError, seeded_by_batch
+from .loss import ClipAgg, LossAndStats
+from .loss_spec import CLIP_AGG, DAPO_KNOBS, Loss, LossSpecError
+from .losses import per_run, seeded_by_batch
 
 NO_DUAL_CLIP = 1e9
 """verl's ``clip_ratio_c`` for a run without a dual clip (verl asserts it is > 1)."""
@@ -163,7 +163,7 @@ def _verl_config(
     norm: Any,
     params: Any,
     batch_info: tuple[tuple[str, Any], ...] = (),
-):
+) -> Any:
     from verl.workers.config import ActorConfig, PolicyLossConfig
 
     return ActorConfig(
@@ -204,27 +204,22 @@ def verl_loss(name: str, params: dict[str, Any] | None = None) -> Any:
         old_logp: Tensor,
         advantages: Tensor,
         mask: Tensor,
+        clip: ClipAgg,
         *,
-        eps_low: float,
-        eps_high: float,
-        clip_ratio_c: float | None = None,
-        agg: str = "token-mean",
-        norm_const: float | None = None,
-        agg_denominator: Tensor | float | None = None,
         is_weights: Tensor | None = None,
-        **_: Any,
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    ) -> LossAndStats:
+        den = clip.denominator
         cfg = _verl_config(
             name,
-            eps_low,
-            eps_high,
-            NO_DUAL_CLIP if clip_ratio_c is None else clip_ratio_c,
-            agg,
-            norm_const,
+            clip.eps_low,
+            clip.eps_high,
+            NO_DUAL_CLIP if clip.clip_ratio_c is None else clip.clip_ratio_c,
+            clip.agg,
+            clip.norm_const,
             frozen,
             ()
-            if agg_denominator is None or not float(agg_denominator) > 0
-            else _global_batch_info(float(agg_denominator), agg, norm_const),
+            if den is None or not float(den) > 0
+            else _global_batch_info(float(den), clip.agg, clip.norm_const),
         )
         adv = advantages if advantages.shape == logp.shape else advantages.unsqueeze(-1).expand_as(logp)
         value, _ = fn(
@@ -232,7 +227,7 @@ def verl_loss(name: str, params: dict[str, Any] | None = None) -> Any:
             log_prob=logp,
             advantages=adv.to(logp.dtype),
             response_mask=mask.to(logp.dtype),
-            loss_agg_mode=agg,
+            loss_agg_mode=clip.agg,
             config=cfg,
             # off-policy weights (dapo.offpolicy), as verl's trainer passes them
             **({} if is_weights is None else {"rollout_is_weights": is_weights.to(logp.dtype)}),
@@ -310,14 +305,10 @@ def trl_loss(loss_type: str, params: dict[str, Any] | None = None) -> Any:
         old_logp: Tensor,
         advantages: Tensor,
         mask: Tensor,
-        *,
-        eps_low: float,
-        eps_high: float,
-        norm_const: float | None = None,
-        **_: Any,  # no dual clip in TRL; loss_type fixes the aggregation and its normaliser
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+        clip: ClipAgg,  # no dual clip in TRL; loss_type fixes the aggregation and its normaliser
+    ) -> LossAndStats:
         B, T = logp.shape
-        me = _TRLStandIn(loss_type, eps_low, eps_high, int(norm_const or T), params)
+        me = _TRLStandIn(loss_type, clip.eps_low, clip.eps_high, int(clip.norm_const or T), params)
         me._logp = logp
         m = mask.to(torch.long)
         inputs = {
@@ -338,7 +329,7 @@ def trl_loss(loss_type: str, params: dict[str, Any] | None = None) -> Any:
 
 
 def resolve(prefix: str, name: str, params: dict[str, Any], spec: str) -> Loss:
-    """``verl:NAME`` / ``trl:LOSS_TYPE`` as a :class:`~toybench.losses.Loss`."""
+    """``verl:NAME`` / ``trl:LOSS_TYPE`` as a :class:`~dapo.registry.Loss`."""
     if prefix == "verl":
         core = _require("verl.trainer.ppo.core_algos")
         if name not in core.POLICY_LOSS_REGISTRY:
@@ -351,8 +342,8 @@ def resolve(prefix: str, name: str, params: dict[str, Any], spec: str) -> Loss:
         fn: Any = verl_loss(name, params)
         if name == "clip_cov":
             fn = seeded_by_batch(fn)
-        return Loss(spec, per_run(fn), dict(knobs), honours, claims, source, params)
-    _require("trl.trainer.grpo_trainer")
+        return Loss(spec, per_run(fn), dict(knobs), honours, claims, source, params, core)
+    grpo = _require("trl.trainer.grpo_trainer")
     if name not in TRL:
         raise LossSpecError(f"loss {spec!r}: TRL loss_type must be one of {', '.join(TRL)}")
     bad = [k for k in params if k not in TRL_PARAMS]
@@ -361,7 +352,7 @@ def resolve(prefix: str, name: str, params: dict[str, Any], spec: str) -> Loss:
             f"loss {spec!r}: unknown TRL parameter(s) {', '.join(bad)} ({', '.join(TRL_PARAMS)})"
         )
     knobs, honours, claims, source = TRL[name]
-    return Loss(spec, per_run(trl_loss(name, params)), dict(knobs), honours, claims, source, params)
+    return Loss(spec, per_run(trl_loss(name, params)), dict(knobs), honours, claims, source, params, grpo)
 
 
 VERL_NAMES = tuple(VERL)
