@@ -20,6 +20,9 @@ LossAndStats = tuple[Tensor, dict[str, Tensor]]
 """What a policy loss returns: the scalar loss (one per run with leading run dimensions) and
 its detached statistics (:func:`ratio_stats`'s keys)."""
 
+Weights = Tensor | None
+"""Off-policy importance weights of a loss's tokens (:mod:`dapo.offpolicy`), or none."""
+
 LOG_RATIO_CLAMP = 20.0
 """|log r| is clamped before exponentiating so a wild token cannot overflow (as verl)."""
 
@@ -190,7 +193,7 @@ def policy_loss(
     mask: Tensor,
     clip: ClipAgg,
     *,
-    is_weights: Tensor | None = None,
+    is_weights: Weights = None,
 ) -> LossAndStats:
     """The decoupled-clip surrogate of Eq. 10, as a loss to minimise.
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from .loss import LOG_RATIO_CLAMP, ClipAgg, LossAndStats, check_shapes, loss_inputs, ratio_stats
+from .loss import LOG_RATIO_CLAMP, ClipAgg, LossAndStats, Weights, check_shapes, loss_inputs, ratio_stats
 from .offpolicy import takes_weights
 
 GSPO_LOG_RATIO_MAX = 10.0
@@ -49,11 +49,7 @@ class PolicyLossFn(Protocol):
 
 
 def gspo_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    clip: ClipAgg,
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip: ClipAgg
 ) -> LossAndStats:
     """GSPO (Zheng et al. 2025, arXiv:2507.18071): the clipped surrogate on the
     length-normalised *sequence* ratio (Eq. 5-7), in its GSPO-token form (Eq. 13-14)::
@@ -78,11 +74,7 @@ def gspo_loss(
 
 
 def cispo_loss(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    clip: ClipAgg,
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip: ClipAgg
 ) -> LossAndStats:
     """CISPO (MiniMax-M1, arXiv:2506.13585, Eq. 4-5): clip the importance-sampling
     *weight* and detach it, so every token keeps a REINFORCE gradient::
@@ -263,7 +255,7 @@ def per_run(fn: Callable[..., Any], vectorise: bool = True) -> Callable[..., Los
         mask: Tensor,
         clip: ClipAgg,
         *,
-        is_weights: Tensor | None = None,
+        is_weights: Weights = None,
     ) -> LossAndStats:
         check_shapes(logp, old_logp, mask)
         weights = is_weights

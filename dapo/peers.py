@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .loss import ClipAgg, LossAndStats
+from .loss import ClipAgg, LossAndStats, Weights
 from .loss_spec import CLIP_AGG, DAPO_KNOBS, Loss, LossSpecError
 from .losses import per_run, seeded_by_batch
 
@@ -206,7 +206,7 @@ def verl_loss(name: str, params: dict[str, Any] | None = None) -> Any:
         mask: Tensor,
         clip: ClipAgg,
         *,
-        is_weights: Tensor | None = None,
+        is_weights: Weights = None,
     ) -> LossAndStats:
         den = clip.denominator
         cfg = _verl_config(

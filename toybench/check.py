@@ -447,7 +447,7 @@ def check(
     off_policy: OffPolicy = OffPolicy(),
 ) -> list[LossResult]:
     """Run the check for every loss in ``specs`` at once (the unprotected and fix arms are
-    shared). ``overrides`` sets knobs of :data:`~toybench.losses.KNOBS` for every
+    shared). ``overrides`` sets knobs of :data:`~dapo.registry.KNOBS` for every
     candidate; ``claims`` replaces each loss's own claims and ``knobs`` the knobs each says
     it honours; ``off_policy`` runs every arm on stale rollouts with a correction."""
     overrides = dict(overrides or {})
