@@ -97,7 +97,8 @@ def test_cli(capsys):
     from scale.ops.plan import main
 
     assert main(["--config", "qwen2.5-32b-dapo", "--gpus", "8", "--gpu-mem", "80", "--nodes", "16"]) == 0
-    assert "FITS" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "FITS" in out and "policy loss dapo" in out.splitlines()[0]  # the loss the plan is for
     assert main(["--config", "qwen2.5-32b-dapo", "--gpus", "8", "--gpu-mem", "80", "--no-offload"]) == 1
     out = capsys.readouterr().out
     assert "DOES NOT FIT" in out and "what to change" in out

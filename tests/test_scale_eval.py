@@ -82,5 +82,9 @@ def test_dapo_eval_deduplicates_aime_rows_and_uses_the_prepared_ids(chat, tmp_pa
     assert result["summary"]["eval/problems"] == 30 and len(result["predictions"]) == 30
     assert [p["row"] for p in result["predictions"]] == [p.row for p in want.problems]
     assert result["data"].startswith("30 unique problems from 960 rows")
+    assert result["trained_with"] is None  # a model dapo export did not write
+    (model / "dapo_training.json").write_text(json.dumps({"step": 3, "algo": {"policy_loss": "mylosses:f"}}))
+    assert cli.main([*argv, "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["trained_with"]["algo"]["policy_loss"] == "mylosses:f"
     assert cli.main([*argv, "--limit", "8"]) == 0  # the first 8 problems, not the first 8 rows
     assert seen[-1] == want.prompt_ids[:8]

@@ -139,6 +139,8 @@ def test_hf_engine_three_steps_and_resume_equals_uninterrupted(tiny, tmp_path):
         r = run_cli(["export", str(ckpt), str(run / "export"), "--dtype", "float32"])
         assert r.returncode == 0, r.stderr[-3000:]
         exported.append(load_file(str(run / "export" / "model.safetensors")))
+        trained = json.loads((run / "export" / "dapo_training.json").read_text())  # dapo eval records it
+        assert trained["algo"]["policy_loss"] == "dapo" and trained["step"] == int(ckpt.name.split("_")[1])
     start = load_file(str(tiny["model"] / "model.safetensors"))
     assert exported[0].keys() == exported[1].keys() >= start.keys()
     assert any(not torch.equal(exported[0][k], start[k]) for k in start)  # trained
