@@ -127,10 +127,17 @@ def train_main(argv: list[str] | None = None) -> int:
     if args.resume not in (None, "auto") and not Path(args.resume).is_dir():
         raise UsageError(f"--resume: no such checkpoint directory: {args.resume!r} (or 'auto')")
     _say_staleness(cfg)
-    from dapo.registry import LossSpecError, of_config
+    from dapo.loss_spec import LossSpecError
+
+    from ..dist.startup import frozen_after
 
     try:
-        loss = of_config(cfg.algo)  # a loss that cannot run is refused before anything is built
+        # a loss that cannot run is refused before anything is built; the registry imports torch
+        # (and the user's module), so with the collector paused, as the heavy imports below
+        with frozen_after():
+            from dapo.registry import of_config
+
+            loss = of_config(cfg.algo)
     except LossSpecError as err:
         print(f"dapo train: {err}", file=sys.stderr)
         return 2
@@ -139,7 +146,7 @@ def train_main(argv: list[str] | None = None) -> int:
         if args.gpu_type and _engine_does_not_fit(cfg, GPUS[args.gpu_type]):
             return 2
         return _validate_data(cfg)
-    from ..dist.startup import frozen_after, import_and_freeze, unfreeze_deferred
+    from ..dist.startup import import_and_freeze, unfreeze_deferred
     from .preflight import check_companions
 
     # the heavy libraries imported with the collector paused, and frozen before the process
