@@ -218,8 +218,31 @@ def near_frozen(logp, old_logp, advantages, mask, *, eps_low, eps_high, **knobs)
     return rows.sum() / (m.sum(-1) > 0).sum().clamp(min=1)
 
 
+def eos_dropped(logp, old_logp, advantages, mask, *, eps_low, eps_high, **knobs):
+    """Each response's last token (EOS) left out of the loss: the mask shifted for the
+    labels and the end trimmed, a bug reported in DeepSpeed-Chat and OpenRLHF. EOS is never
+    reinforced, so the policy cannot learn where to stop; finite, padding-invariant and of
+    the right sign elsewhere (the every-token probe must see it)."""
+    lengths = mask.sum(-1, keepdim=True)
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    kept = mask & (positions < lengths - 1)
+    return _masked_mean(_surrogate(logp, old_logp, advantages, eps_low, eps_high), kept)
+
+
+def dual_clip_below_one(logp, old_logp, advantages, mask, *, eps_low, eps_high, **knobs):
+    """verl's dual clip with clip_ratio_c = 0.8 hard-coded (verl asserts c > 1): for a
+    negative advantage the loss is capped at -A x 0.8, below its value at ratio 1, so every
+    negative-advantage token is flat there and gets no gradient."""
+    pg = _surrogate(logp, old_logp, advantages, eps_low, eps_high)
+    adv = advantages.unsqueeze(-1).expand_as(pg)
+    pg = torch.where(adv < 0, torch.minimum(pg, -adv * 0.8), pg)
+    return _masked_mean(pg, mask)
+
+
 EPS = ("eps_low", "eps_high")
 for _fn in (
+    eos_dropped,
+    dual_clip_below_one,
     inverted_ratio,
     nan_on_empty_rows,
     nan_on_uniform_windows,
@@ -253,20 +276,30 @@ BROKEN: dict[str, str] = {
     "nan_when_fully_masked": "contract (fully_masked)",
     "padding_counted": "contract (padding)",
     "mask_shifted": "contract (padding)",
-    "optimistic_bound": "claims (DAPO's, by default) to protect against entropy_collapse but harms",
+    "optimistic_bound": "claims (DAPO's, by default) to protect against entropy_collapse but",
     "min_before_advantage": "ignores eps_low",
     "advantage_batch_mean": "cannot judge protection on entropy_collapse's task: learns too little",
     "dual_clip_everywhere": "contract (dual_clip)",
-    "swapped_bounds": "claims (DAPO's, by default) to protect against entropy_collapse but harms",
+    "swapped_bounds": "claims (DAPO's, by default) to protect against entropy_collapse but",
     "ratio_to_detached_self": "ignores eps_low",
     "sum_not_mean": "ignores loss_agg",
     # issue 46: they passed by learning almost nothing (or, the KL, on lucky seeds)
-    "double_normalised": "cannot judge protection on entropy_collapse's task: learns too little",
-    "first_token_only": "cannot judge protection on entropy_collapse's task: learns too little",
-    "near_frozen": "cannot judge protection on entropy_collapse's task: learns too little",
+    "first_token_only": "contract (every_token): d loss / d logp is 0 at the 2nd token of each response",
     "wrong_sign_kl": "claims (DAPO's, by default) to protect against entropy_collapse",
+    # issue 69: rated "better than DAPO's fix" on length bias by doing less
+    "eos_dropped": "contract (every_token): d loss / d logp is 0 at the last token of each response",
+    "dual_clip_below_one": "contract (every_token): d loss / d logp is 0 at every token of the responses "
+    "with a negative advantage",
 }
 """Losses the check runs and fails (exit 1)."""
+
+SCALE_ONLY = ("double_normalised", "near_frozen")
+"""Broken only in their scale, which the trainer's AdamW (and the check's ScaleFreeSGD) cancels:
+``near_frozen`` is Dr. GRPO's loss with another constant normaliser, and ``double_normalised``
+divides each window by its token count once more (a per-window factor; in the toys a step is
+one window, so little is left of it). Under the plain SGD of before they failed as learning
+too little; a step size is not what the check judges (issue 69). They must learn now, and
+``near_frozen``, a constant multiple of a correct loss, must pass."""
 
 REFUSED: dict[str, str] = {
     "raises": "raised: RuntimeError: shape",

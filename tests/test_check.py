@@ -16,6 +16,8 @@ from dapo.cli import main as dapo_main
 from toybench.check import (
     DOES_NOT_LEARN,
     MAX_SKIPPED_SHARE,
+    MIN_SEEDS,
+    MIN_SHARE,
     MODES,
     _protection,
     _vs_fix,
@@ -81,13 +83,13 @@ def test_a_later_check_reuses_the_built_in_arms_and_its_results_equal_a_fresh_ru
 def test_dapo_loss_is_its_own_fix_and_cannot_fix_sampling():
     """DAPO's loss with its recipe *is* the fix arm on the two loss failure modes (share of
     the fix exactly 1, zero-width gap) and changes nothing where the fix is sampling."""
-    (r,) = check(["dapo"], seeds=4, modes=["entropy_collapse", "length_bias", "zero_gradient"], jobs=1)
+    (r,) = check(["dapo"], seeds=6, modes=["entropy_collapse", "length_bias", "zero_gradient"], jobs=1)
     for mode in ("entropy_collapse", "length_bias"):
         m = r.modes[mode]
         assert m.protection == "protects" and m.vs_fix == "as fix"
         assert m.recovered == pytest.approx(1.0)
     z = r.modes["zero_gradient"]
-    assert z.protection == "no effect" and z.effect["discovery"].mean == 0.0
+    assert z.protection == "no effect shown" and z.effect["discovery"].mean == 0.0
     assert r.passed
 
 
@@ -98,15 +100,15 @@ def test_assert_protects_raises_with_the_reason():
 
 def test_overrides_reach_the_candidate():
     """--set eps_high=0.2 turns DAPO's loss back into the symmetric baseline."""
-    (r,) = check(["dapo"], seeds=3, modes=["entropy_collapse"], overrides={"eps_high": 0.2}, jobs=1)
+    (r,) = check(["dapo"], seeds=6, modes=["entropy_collapse"], overrides={"eps_high": 0.2}, jobs=1)
     assert r.knobs["eps_high"] == 0.2
-    assert r.modes["entropy_collapse"].protection == "no effect"
+    assert r.modes["entropy_collapse"].protection == "no effect shown"
     assert r.modes["entropy_collapse"].effect["discovery"].mean == 0.0
 
 
 def test_cli_table_json_and_exit_status(tmp_path, capsys):
     out = tmp_path / "r.json"
-    args = ["toy", "check", "--modes", "entropy_collapse", "--seeds", "3", "--jobs", "1", "--quiet"]
+    args = ["toy", "check", "--modes", "entropy_collapse", "--seeds", "6", "--jobs", "1", "--quiet"]
     assert dapo_main([*args, "dapo", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "protects" in text and "1 of 1 losses pass" in text
@@ -173,7 +175,7 @@ def test_every_mode_names_arms_and_summaries_that_exist():
 def test_every_unrunnable_loss_is_refused_in_one_line(name, capsys):
     """Exit 2 with the loss's name and its error, never an internal error (exit 70), under
     the default --jobs."""
-    assert dapo_main(["toy", "check", f"broken_losses:{name}", "--seeds", "2", "--quiet"]) == 2
+    assert dapo_main(["toy", "check", f"broken_losses:{name}", "--seeds", "6", "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert f"broken_losses:{name}" in err and broken_losses.REFUSED[name] in err
     assert "\n" not in err and "internal error" not in err
@@ -185,7 +187,7 @@ def test_the_learning_gate_on_all_four_tasks():
     is NaN in windows of uniform groups passes every probe and is caught by its skipped steps;
     DAPO's loss learns everywhere."""
     dapo, flip, nan_rows = check(
-        ["dapo", "broken_losses:sign_flip", "broken_losses:nan_on_uniform_windows"], seeds=3, jobs=2
+        ["dapo", "broken_losses:sign_flip", "broken_losses:nan_on_uniform_windows"], seeds=6, jobs=2
     )
     assert dapo.learns and dapo.passed, dapo.failures
     for mode in MODES:
@@ -214,7 +216,7 @@ def test_assert_protects_fails_a_loss_that_does_not_learn():
 def test_declared_knobs_pass_a_loss_without_dual_clip(capsys):
     """A correct decoupled-clip loss without dual clip fails only until it says so; the
     probe line names the values probed, not the run's (None)."""
-    args = ["toy", "check", "--modes", "entropy_collapse", "--seeds", "3", "--jobs", "1", "--quiet"]
+    args = ["toy", "check", "--modes", "entropy_collapse", "--seeds", "6", "--jobs", "1", "--quiet"]
     assert dapo_main([*args, "broken_losses:decoupled_clip_undeclared"]) == 1
     out = capsys.readouterr().out
     assert "ignores clip_ratio_c: clip_ratio_c=None and clip_ratio_c=1.5 give the same value" in out
@@ -222,23 +224,58 @@ def test_declared_knobs_pass_a_loss_without_dual_clip(capsys):
     assert dapo_main([*args, "broken_losses:decoupled_clip_no_dual"]) == 0  # declared by dapo_knobs
 
 
+def _iv(lo, hi, n=10):
+    return Interval((lo + hi) / 2, lo, hi, n)
+
+
 @given(a=st.floats(-1e-10, 1e-10), b=st.floats(-1e-10, 1e-10), scale=st.floats(1e-3, 1e3))
 def test_effects_below_numerical_noise_are_no_effect(a, b, scale):
     """Zero-width intervals at 1e-17 (two algebraically equal losses) are no effect, and an
     equal-within-noise gap is as fix, however the interval lies."""
     lo, hi = min(a, b) * scale, max(a, b) * scale
-    iv = Interval((lo + hi) / 2, lo, hi, 10)
+    iv = _iv(lo, hi)
     tol = 1e-9 * scale
-    assert _protection(iv, "+", tol) == "no effect"
-    assert _vs_fix(iv, Interval(1.0, 0.5, 1.5, 10), "+", tol) == "as fix"
+    assert _protection(iv, iv, iv, 1.0, tol) == "no effect shown"
+    assert _vs_fix(iv, Interval(1.0, 0.5, 1.5, 10), 1.0, tol) == "as fix"
 
 
-@given(low=st.floats(1e-6, 1e3), width=st.floats(0, 1e3), better=st.sampled_from("+-"))
-def test_effects_beyond_noise_keep_their_direction(low, width, better):
-    iv = Interval(low + width / 2, low, low + width, 10)
-    assert _protection(iv, better, 1e-9) == ("protects" if better == "+" else "harms")
-    neg = Interval(-iv.mean, -iv.high, -iv.low, 10)
-    assert _protection(neg, better, 1e-9) == ("harms" if better == "+" else "protects")
+@given(
+    fix=st.floats(0.1, 10.0),
+    share=st.floats(0.0, 2.0),
+    half_width=st.floats(0.0, 0.3),
+    sign=st.sampled_from([1.0, -1.0]),
+)
+def test_protects_needs_the_effect_beyond_half_the_fix_and_harms_its_mirror(fix, share, half_width, sign):
+    """With the fix's effect f (in its direction) and a candidate effect of share x f, known to
+    +-half_width x f: protects exactly when the whole interval lies beyond f / 2 in the fix's
+    direction, harms when beyond f / 2 against it, else no effect shown; flipping the metric's
+    direction (sign) flips nothing but the sign of every number."""
+    f = sign * fix
+    eff = _iv(sign * fix * (share - half_width), sign * fix * (share + half_width))
+    eff = Interval(sign * fix * share, min(eff.low, eff.high), max(eff.low, eff.high), 10)
+    shifted = Interval(eff.mean - MIN_SHARE * f, eff.low - MIN_SHARE * f, eff.high - MIN_SHARE * f, 10)
+    mirrored = Interval(eff.mean + MIN_SHARE * f, eff.low + MIN_SHARE * f, eff.high + MIN_SHARE * f, 10)
+    got = _protection(eff, shifted, mirrored, sign, 1e-12)
+    if share - half_width > MIN_SHARE + 1e-9:
+        assert got == "protects"
+    elif share + half_width < MIN_SHARE - 1e-9:
+        assert got != "protects"
+    neg = Interval(-eff.mean, -eff.high, -eff.low, 10)
+    harm = Interval(neg.mean + MIN_SHARE * f, neg.low + MIN_SHARE * f, neg.high + MIN_SHARE * f, 10)
+    share_neg = Interval(neg.mean - MIN_SHARE * f, neg.low - MIN_SHARE * f, neg.high - MIN_SHARE * f, 10)
+    got_neg = _protection(neg, share_neg, harm, sign, 1e-12)
+    if share - half_width > MIN_SHARE + 1e-9:
+        assert got_neg == "harms"
+    elif share + half_width < MIN_SHARE - 1e-9:
+        assert got_neg != "harms"
+
+
+def test_a_block_with_fewer_judged_seeds_than_the_minimum_is_not_judged():
+    """Five seeds all on one side still make no verdict (a sign test cannot exclude 0 at 5%)."""
+    few = Interval(1.0, 0.9, 1.1, MIN_SEEDS - 1)
+    assert _protection(few, few, few, 1.0) == "cannot judge: too few seeds"
+    enough = Interval(1.0, 0.9, 1.1, MIN_SEEDS)
+    assert _protection(enough, enough, enough, 1.0) == "protects"
 
 
 def test_the_staleness_axis_on_built_in_peer_and_user_losses(tmp_path):
@@ -250,7 +287,7 @@ def test_the_staleness_axis_on_built_in_peer_and_user_losses(tmp_path):
     if importlib.util.find_spec("verl"):
         specs.append("verl:vanilla")
     out = tmp_path / "check.json"
-    args = ["toy", "check", *specs, "--modes", "entropy_collapse", "--seeds", "3", "--no-confirm"]
+    args = ["toy", "check", *specs, "--modes", "entropy_collapse", "--seeds", "6", "--no-confirm"]
     args += ["--jobs", "1", "--quiet", "--staleness", "2", "--correction", "token_tis", "--json", str(out)]
     args += ["--set", "eps_high=0.28"]  # every candidate at DAPO's clip
     dapo_main(args)
@@ -268,17 +305,17 @@ def test_the_staleness_axis_on_built_in_peer_and_user_losses(tmp_path):
 def test_a_user_loss_that_declares_no_claims_is_said_to_be_held_to_dapos(capsys):
     """A ``module:function`` claims nothing itself: wherever the output names a claim it says
     the claim is DAPO's, by default; with ``--claims`` the claim is the user's own."""
-    args = ["toy", "check", "broken_losses:swapped_bounds", "--modes", "entropy_collapse", "--seeds", "3"]
+    args = ["toy", "check", "broken_losses:swapped_bounds", "--modes", "entropy_collapse", "--seeds", "6"]
     args += ["--no-confirm", "--jobs", "1", "--quiet"]
     assert dapo_main(args) == 1
     out = capsys.readouterr().out
-    assert "- claims (DAPO's, by default) to protect against entropy_collapse but harms" in out
+    assert "- claims (DAPO's, by default) to protect against entropy_collapse but " in out
     assert "  yes (DAPO's, by default)  " in out  # the table's "claimed" column
     assert "FAIL: does not protect (DAPO's claims, by default): entropy_collapse" in out
     assert "- claims to protect against" not in out
     assert dapo_main([*args, "--claims", "entropy_collapse"]) == 1
     out = capsys.readouterr().out
-    assert "- claims to protect against entropy_collapse but harms (claims: --claims)" in out
+    assert "- claims to protect against entropy_collapse but " in out and "(claims: --claims)" in out
     assert "DAPO's, by default" not in out
 
 
@@ -291,7 +328,7 @@ def test_with_no_loss_named_the_check_runs_the_configs_loss_at_its_knobs(tmp_pat
     cfg = tmp_path / "run.yaml"
     cfg.write_text("algo:\n  policy_loss: grpo\n  eps_high: 0.3\n  clip_ratio_c: 3.0\n")
     out = tmp_path / "check.json"
-    argv = ["toy", "check", "--config", str(cfg), "--modes", "entropy_collapse", "--seeds", "2", "--quiet"]
+    argv = ["toy", "check", "--config", str(cfg), "--modes", "entropy_collapse", "--seeds", "6", "--quiet"]
     dapo_main([*argv, "--no-confirm", "--json", str(out)])
     (result,) = json.loads(out.read_text())["results"]
     assert result["loss"] == "grpo" and result["source_hash"] == source_hash(resolve("grpo"))
@@ -309,3 +346,10 @@ def test_with_no_loss_named_the_check_runs_the_configs_loss_at_its_knobs(tmp_pat
         assert len(err) == 1 and words in err[0], err
     assert dapo_main(["toy", "check", "--config", "no-such-preset"]) == 2
     assert "--config 'no-such-preset': no such file, nor a bundled preset" in capsys.readouterr().err
+
+
+def test_fewer_seeds_than_a_verdict_needs_are_refused_in_one_line(capsys):
+    """Five seeds a block cannot exclude 0 even when all agree: refused before anything runs."""
+    assert dapo_main(["toy", "check", "dapo", "--seeds", "5", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--seeds: must be >= 6" in err

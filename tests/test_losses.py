@@ -444,12 +444,47 @@ def test_every_builtin_and_peer_loss_keeps_the_contract():
         ("padding_counted", "padding"),
         ("mask_shifted", "padding"),
         ("dual_clip_everywhere", "dual_clip"),
+        ("eos_dropped", "every_token"),
+        ("dual_clip_below_one", "every_token"),
+        ("first_token_only", "every_token"),
     ],
 )
 def test_the_contract_probe_names_each_broken_clause(name, clause):
     broken = probe_contract(resolve(f"broken_losses:{name}"))
     assert clause in broken and set(broken) <= set(CONTRACT)
     assert all("\n" not in text for text in broken.values())
+
+
+def test_the_every_token_probe_names_what_it_measured_and_spares_a_few_detached_tokens():
+    """EOS dropped from the loss is named by the tokens it measured (the last of each response),
+    and the one-token sign row, which loses its only token to the same bug, does not add a
+    second line blaming the sign; a loss that detaches a single token (Clip-Cov's selection,
+    by design) keeps the clause."""
+    import torch
+
+    eos = probe_contract(resolve("broken_losses:eos_dropped"))
+    assert set(eos) == {"every_token"}
+    assert "d loss / d logp is 0 at the last token of each response (16 responses" in eos["every_token"]
+
+    from dapo.registry import Loss
+
+    dapo = resolve("dapo")
+
+    def one_detached(logp, old_logp, advantages, mask, clip, *, is_weights=None):
+        held = logp.clone()
+        if logp.shape[-2] > 3 and logp.shape[-1] > 2:  # (the sign probe's batch has one token)
+            held[..., 3, 2] = logp[..., 3, 2].detach()  # one token of one response
+        return dapo.fn(held, old_logp, advantages, mask, clip)
+
+    loss = Loss("test:one_detached", one_detached, dict(dapo.knobs), dapo.honours, (), "test", {}, None)
+    assert "every_token" not in probe_contract(loss)
+
+    def every_third_row_detached(logp, old_logp, advantages, mask, clip, *, is_weights=None):
+        keep = (torch.arange(logp.shape[-2]) % 3 != 0).view(-1, 1)
+        return dapo.fn(torch.where(keep, logp, logp.detach()), old_logp, advantages, mask, clip)
+
+    rows = Loss("test:rows", every_third_row_detached, dict(dapo.knobs), dapo.honours, (), "test", {}, None)
+    assert "every_token" not in probe_contract(rows)  # no class is zero on *every* response
 
 
 def test_a_detached_loss_is_refused_in_one_line():

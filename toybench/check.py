@@ -12,36 +12,52 @@ three kinds of arm on the same seeds (paired), on the batched toy engine:
   ``--set`` overrides). Sampling and reward knobs stay unprotected: a loss is judged on
   what the loss does.
 
+**The step.** Every arm trains with :class:`toybench.optim.ScaleFreeSGD`: SGD's direction,
+with a step length a constant factor on the loss does not change, as under the trainer's
+AdamW. Under plain SGD a loss times 0.15 is the same loss at 0.15 times the learning rate,
+and the check judged that step size (issue 69: the unprotected symmetric clip passed as an
+entropy protection at x0.15). Each mode's step (:data:`STEP_ENTROPY` ...) is the one SGD
+takes with DAPO's loss in the experiment.
+
 Before any verdict, the **learning gate**, against DAPO's own loss: in each failure mode's
 task the candidate's expected-accuracy gain over the run (last 10 steps minus step 0; a run
 without updates keeps its step-0 policy, so this is the gain over a no-update control of the
-same seed) must be at least :data:`LEARNING_MARGIN` of the gain of DAPO's loss run in the same
-conditions, on the same seeds (the fix arm where the fix is a loss property, else the
-unprotected arm, which runs DAPO's loss without the sampling or reward fix): the interval of
-``candidate - margin x DAPO`` must lie above 0 on both seed blocks. At most
+same seed) must not be shown to fall short of :data:`LEARNING_MARGIN` of the gain of DAPO's
+loss run in the same conditions, on the same seeds (the fix arm where the fix is a loss
+property, else the unprotected arm, which runs DAPO's loss without the sampling or reward
+fix): the interval of ``candidate - margin x DAPO`` must not lie below 0 on either seed
+block. (A gate that asked the interval to lie *above* 0 failed DAPO's own loss at the
+symmetric clip, which gains 0.89-0.91 of it; the per-seed reading below already keeps a
+loss that learns too little on a seed from being read there.) At most
 :data:`MAX_SKIPPED_SHARE` of its optimizer steps may be skipped for a non-finite loss. A loss
-that fails gets ``cannot judge: learns too little`` and no protection verdict or share: a
-policy that hardly moves keeps its entropy and its length gap by standing still. A **contract
-probe** (:func:`toybench.losses.probe_contract`) checks finiteness on empty rows and fully
-masked micro-batches, invariance to padding and the gradient's sign.
+that fails gets ``cannot judge: learns too little`` and no protection verdict or share. A
+**contract probe** (:func:`toybench.losses.probe_contract`) checks finiteness on empty rows and
+fully masked micro-batches, invariance to padding, a gradient on every class of loss token
+and the gradient's sign.
 
-**At equal learning.** Where DAPO's fix is a property of the loss (entropy collapse, length
-bias), each arm's curve (entropy; the wrong path's length minus the right one's) is read
-where every compared arm has learned the same amount (:mod:`toybench.matched`: from the step
-each reaches 90% of the accuracy gain all of them reach on that seed, over the same number of
-steps), paired by seed. Where the fix is sampling or reward shaping (zero gradient,
+**A fixed yardstick.** DAPO's fix against the unprotected arm, both with DAPO's loss, is
+measured once per seed block and is the same for every candidate; where it does not exclude
+0 in the fix's direction on both blocks, the mode judges no candidate (``cannot judge: DAPO's
+fix shows no effect here``). Where the fix is a property of the loss (entropy collapse,
+length bias), the curve (entropy; the wrong path's length minus the right one's) is read at
+**equal learning** in a window the two reference arms fix on each seed
+(:mod:`toybench.matched`), and the candidate in the same window from its own crossing; a seed
+it cannot be read on (never reaches the level, too late, a non-finite run) is left out and
+named, and a block with fewer than :data:`~toybench.check_words.MIN_SEEDS` judged seeds is
+``cannot judge: too few seeds``. Where the fix is sampling or reward shaping (zero gradient,
 truncation noise), the summary is itself a measure of learning (steps to 80% accuracy, mean
 accuracy) and is read at equal steps.
 
 Per failure mode and loss it then reports **protects** (the paired difference candidate -
-unprotected, in the direction of the fix, with its bootstrap interval; a verdict must hold on
-the discovery and the confirmation seed block, else it is ``differs between seed blocks``,
-which fails a claim) and **vs DAPO's fix** (candidate - fix: ``as fix`` when the interval lies
-within +-25% of the fix's own effect, ``better``/``weaker`` when it excludes zero, else
-``inconclusive``); an interval within :data:`NOISE` of the metric's scale is no effect. A
-knob probe (:func:`toybench.losses.probe_knobs`) names each knob the loss says it acts on
-but ignores. A loss fails the check when it breaks its contract, learns too little, skips
-steps, does not protect against a failure mode it claims, or ignores a knob it honours.
+unprotected lies beyond :data:`~toybench.check_words.MIN_SHARE` of the fix's effect in its
+direction; ``harms`` beyond it against; else ``no effect shown``; a verdict must hold on the
+discovery and the confirmation seed block, else it is ``differs between seed blocks``, which
+fails a claim) and **vs DAPO's fix** (candidate - fix: ``as fix`` when the interval lies
+within +-``MIN_SHARE`` of the fix's effect, ``better``/``weaker`` when it excludes zero, else
+``inconclusive``). A knob probe (:func:`toybench.losses.probe_knobs`) names each knob the loss
+says it acts on but ignores. A loss fails the check when it breaks its contract, learns too
+little, skips steps, does not protect against a failure mode it claims, or ignores a knob it
+honours.
 """
 
 from __future__ import annotations
@@ -54,14 +70,32 @@ from typing import Any
 from dapo.offpolicy import correction_fields
 from dapo.registry import FAILURE_MODES, KNOBS, Loss, LossSpecError, knob_values, resolve, source_hash
 
-from .check_words import DOES_NOT_LEARN, FRAGILE, LEARNING_MARGIN, PROTECTS, legend
-from .experiment import Arm, Contrast, Experiment, ExperimentResult, Log, Summary, run_experiments
+from .check_words import (
+    DOES_NOT_LEARN,
+    FRAGILE,
+    LEARNING_MARGIN,
+    MIN_SEEDS,
+    MIN_SHARE,
+    NO_EFFECT,
+    NO_YARDSTICK,
+    PROTECTS,
+    TOO_FEW,
+    legend,
+)
+from .experiment import Arm, Experiment, ExperimentResult, Log, Summary, run_experiments
 from .losses import knob_readings, probe_contract, probe_knobs, probe_line, uses_weights
-from .matched import gain, read_matched
+from .matched import Window, gain, read, read_against, reference_window
 from .stats import Interval, paired_interval
 
-EQUIVALENCE_MARGIN = 0.25
-"""``as fix`` needs the candidate - fix interval inside +-this fraction of the fix's effect."""
+STEP_ENTROPY, STEP_LENGTH, STEP_ZERO_GRADIENT, STEP_TRUNCATION = 1.0, 0.45, 1.0, 0.6
+"""Each failure mode's step length under :class:`toybench.optim.ScaleFreeSGD` (every arm of
+the mode's check): the step plain SGD takes with DAPO's own loss in the experiment at its
+learning rate, ``lr x`` the root mean square of the gradient norm over the run, on the arm
+that runs DAPO's loss in the candidate's conditions (:attr:`FailureMode.reference`):
+entropy collapse 50 x 0.0202 = 1.01, length bias 20 x 0.0227 = 0.45, zero gradient
+20 x 0.0482 = 0.96, truncation 20 x 0.0304 = 0.61 (seeds 0-5; ``python -m
+toybench.step_sweep --lengths`` prints them). So DAPO's own arms move about as far per step
+as in the experiments; no candidate enters it."""
 
 NOISE = 1e-9
 """An effect whose interval lies within +-``NOISE`` x the metric's scale (the largest
@@ -97,6 +131,8 @@ class FailureMode:
     curve: Callable[[dict[str, Any]], float] | None = None
     """The per-step value ``summary`` reads, for modes judged at equal learning
     (:mod:`toybench.matched`); None: judged at equal steps (the summary measures learning)."""
+    step: float = 1.0
+    """Every arm's step length under :class:`toybench.optim.ScaleFreeSGD` (:data:`STEP_ENTROPY`)."""
 
     @property
     def reference(self) -> str:
@@ -116,6 +152,7 @@ MODES: dict[str, FailureMode] = {
         "+",
         True,
         lambda m: m["actor/entropy"],
+        STEP_ENTROPY,
     ),
     "zero_gradient": FailureMode(
         "zero_gradient",
@@ -126,6 +163,7 @@ MODES: dict[str, FailureMode] = {
         "steps_to_target",
         "-",
         False,
+        step=STEP_ZERO_GRADIENT,
     ),
     "length_bias": FailureMode(
         "length_bias",
@@ -137,6 +175,7 @@ MODES: dict[str, FailureMode] = {
         "-",
         True,
         lambda m: m["toy/length_worst_path"] - m["toy/length_best_path"],
+        STEP_LENGTH,
     ),
     "truncation_noise": FailureMode(
         "truncation_noise",
@@ -147,6 +186,7 @@ MODES: dict[str, FailureMode] = {
         "accuracy_mean",
         "+",
         False,
+        step=STEP_TRUNCATION,
     ),
 }
 assert tuple(MODES) == FAILURE_MODES
@@ -165,7 +205,8 @@ class Learning:
     margin: dict[str, Interval]
     """Per seed block: candidate gain - :data:`LEARNING_MARGIN` x DAPO's, paired by seed."""
     learns: bool
-    """The margin's interval lies above 0, beyond :data:`NOISE`, on every block."""
+    """On no block does the margin's interval lie below 0 (beyond :data:`NOISE`): the candidate
+    is not shown to learn less than :data:`LEARNING_MARGIN` x DAPO's gain."""
     skipped: int
     """Optimizer steps skipped for a non-finite loss or gradient, over every seed."""
     steps: int
@@ -185,8 +226,9 @@ class Learning:
 class ModeResult:
     mode: str
     protection: str
-    """A word of :data:`VERDICTS`: ``protects``, ``no effect``, ``harms``, ``differs between
-    seed blocks`` or ``cannot judge: learns too little`` (no protection verdict)."""
+    """A word of :data:`VERDICTS`: ``protects``, ``no effect shown``, ``harms``, ``differs
+    between seed blocks``, or one of the ``cannot judge`` verdicts (learns too little, DAPO's
+    fix shows no effect here, too few seeds): no protection verdict."""
     vs_fix: str
     """``as fix``, ``better``, ``weaker``, ``inconclusive``, ``differs between seed blocks`` or ``n/a``."""
     effect: dict[str, Interval]
@@ -194,7 +236,8 @@ class ModeResult:
     gap: dict[str, Interval]
     """Per seed block: candidate - fix."""
     fix_effect: dict[str, Interval]
-    """Per seed block: fix - unprotected (the reference effect)."""
+    """Per seed block: fix - unprotected, DAPO's fix's own effect (the yardstick: measured
+    with DAPO's loss, the same for every candidate)."""
     claimed: bool
     learning: Learning
     values: dict[str, float] = field(default_factory=dict)
@@ -204,6 +247,11 @@ class ModeResult:
     """Read at equal learning (:mod:`toybench.matched`), not at equal steps."""
     blocks: dict[str, str] = field(default_factory=dict)
     """Per seed block: its own protection verdict (they differ where ``protection`` says so)."""
+    unjudged: dict[int, str] = field(default_factory=dict)
+    """Seeds left out of the protection verdict, each with why (no yardstick on it, the
+    candidate never reaches DAPO's level or too late, a non-finite run)."""
+    judged: dict[str, int] = field(default_factory=dict)
+    """Per seed block: the seeds the protection verdict was read on."""
 
     @property
     def recovered(self) -> float:
@@ -259,11 +307,11 @@ class LossResult:
         for m in self.modes.values():
             lg = m.learning
             if not lg.learns:
-                block, _ = min(lg.margin.items(), key=lambda kv: kv[1].low if kv[1].n else -math.inf)
+                block, _ = min(lg.margin.items(), key=lambda kv: kv[1].high if kv[1].n else -math.inf)
                 out.append(
                     f"cannot judge protection on {m.mode}'s task: learns too little (expected accuracy "
                     f"gain {_fmt_gain(lg.gain[block])} against DAPO's {_fmt_iv(lg.reference[block])} on "
-                    f"the same {block} seeds; the gate asks at least {LEARNING_MARGIN:.0%} of it)"
+                    f"the same {block} seeds: shown to be less than {LEARNING_MARGIN:.0%} of it)"
                 )
             if lg.skips:
                 out.append(
@@ -272,10 +320,19 @@ class LossResult:
                 )
             if m.failed and lg.learns:
                 whose = " (DAPO's, by default)" if self.dapo_claims else ""
+                detail = ""
+                if m.protection == FRAGILE:
+                    detail = f" ({_block_verdicts(m)})"
+                elif m.protection == NO_YARDSTICK:
+                    detail = (
+                        " (fix - unprotected: "
+                        + ", ".join(f"{b} {_fmt_iv(i)}" for b, i in m.fix_effect.items())
+                        + ")"
+                    )
+                elif m.protection == TOO_FEW:
+                    detail = f" ({_seeds_left_out(m)})"
                 out.append(
-                    f"claims{whose} to protect against {m.mode} but {m.protection}"
-                    + (f" ({_block_verdicts(m)})" if m.protection == FRAGILE else "")
-                    + f" (claims: {self.claims_from})"
+                    f"claims{whose} to protect against {m.mode} but {m.protection}{detail} (claims: {self.claims_from})"
                 )
         return out
 
@@ -337,6 +394,8 @@ class LossResult:
                     "effect": {b: iv(i) for b, i in m.effect.items()},
                     "gap_to_fix": {b: iv(i) for b, i in m.gap.items()},
                     "fix_effect": {b: iv(i) for b, i in m.fix_effect.items()},
+                    "judged_seeds": m.judged,
+                    "seeds_left_out": {str(s): why for s, why in sorted(m.unjudged.items())},
                 }
                 for name, m in self.modes.items()
             },
@@ -353,25 +412,42 @@ def _negligible(interval: Interval, tol: float) -> bool:
     return interval.n > 0 and max(abs(interval.low), abs(interval.high)) <= tol
 
 
-def _protection(interval: Interval, better: str, tol: float = 0.0) -> str:
-    if interval.n == 0 or _negligible(interval, tol) or not interval.excludes_zero():
-        return "no effect"
-    return PROTECTS if (interval.low > 0) == (better == "+") else "harms"
+def _beyond(interval: Interval, at: float, sign: float) -> bool:
+    """The interval excludes ``at`` on the ``sign`` side (+1: above it, -1: below it)."""
+    return interval.n > 0 and (interval.low > at if sign > 0 else interval.high < at)
 
 
-def _vs_fix(gap: Interval, fix_effect: Interval, better: str, tol: float = 0.0) -> str:
-    margin = EQUIVALENCE_MARGIN * abs(fix_effect.mean)
+def _protection(effect: Interval, share: Interval, harm: Interval, sign: float, tol: float = 0.0) -> str:
+    """One block's verdict from candidate - unprotected (``effect``), the same less
+    :data:`MIN_SHARE` of the fix's effect (``share``) and plus it (``harm``), paired by seed:
+    ``protects`` beyond the share in the fix's direction, ``harms`` beyond it in the other."""
+    if effect.n < MIN_SEEDS:
+        return TOO_FEW
+    if _negligible(effect, tol):
+        return NO_EFFECT
+    if _beyond(share, 0.0, sign):
+        return PROTECTS
+    if _beyond(harm, 0.0, -sign):
+        return "harms"
+    return NO_EFFECT
+
+
+def _vs_fix(gap: Interval, fix_effect: Interval, sign: float, tol: float = 0.0) -> str:
+    margin = MIN_SHARE * abs(fix_effect.mean)
     if gap.n == 0:
         return "inconclusive"
     if _negligible(gap, tol) or (margin > 0 and -margin <= gap.low and gap.high <= margin):
         return "as fix"
     if gap.excludes_zero():
-        return "better" if (gap.low > 0) == (better == "+") else "weaker"
+        return "better" if _beyond(gap, 0.0, sign) else "weaker"
     return "inconclusive"
 
 
-def _learned(gain: Interval, tol: float = 0.0) -> bool:
-    return gain.n > 0 and gain.low > 0 and not _negligible(gain, tol)
+def _learned(margin: Interval, tol: float = 0.0) -> bool:
+    """Not shown to learn less than the margin: the interval of candidate - margin x DAPO does
+    not lie below 0 (beyond ``tol``). The burden is on the evidence of too little learning;
+    a candidate that passes is still read only on the seeds where it reaches DAPO's level."""
+    return margin.n > 0 and (margin.high >= 0 or _negligible(margin, tol))
 
 
 def _combine(labels: Sequence[str]) -> str:
@@ -409,27 +485,26 @@ def derived_experiment(
 ) -> Experiment:
     """The mode's experiment cut to its unprotected and fix arms plus one candidate per loss,
     with the learning gate's summary (accuracy gain against no update); every arm off-policy
-    as ``off_policy`` says. Contrasts only where the mode is read at equal steps: the learning
-    gate and the equal-learning readings pair arms themselves (:func:`_judge`)."""
+    as ``off_policy`` says. No contrasts: the learning gate and the readings pair arms
+    themselves (:func:`_judge`). Every arm trains with
+    :class:`toybench.optim.ScaleFreeSGD` at the mode's :attr:`FailureMode.step`."""
     from .experiments import REGISTRY
 
     exp = REGISTRY[mode.experiment]
+
+    def scale_free(arm: Arm) -> Arm:
+        return off_policy.arm(replace(arm, lr=mode.step, optimizer="scale_free"))
+
     base = exp.arms[mode.unprotected]
-    arms = {mode.unprotected: off_policy.arm(base), mode.fix: off_policy.arm(exp.arms[mode.fix])}
+    arms = {mode.unprotected: scale_free(base), mode.fix: scale_free(exp.arms[mode.fix])}
     for i, loss in enumerate(losses):
         knobs = knob_values(loss, overrides)
-        arms[_arm_name(i)] = off_policy.arm(replace(base, cfg=base.cfg.replace(**knobs), loss=loss.spec))
+        arms[_arm_name(i)] = scale_free(replace(base, cfg=base.cfg.replace(**knobs), loss=loss.spec))
     summaries = {
         mode.summary: exp.summaries[mode.summary],
         LEARNED: Summary(gain, "expected accuracy, last 10 steps minus step 0 (= no update)"),
     }
-    contrasts = []
-    if mode.curve is None:
-        contrasts.append(Contrast("fix", mode.unprotected, mode.fix, mode.summary, "?"))
-        for i in range(len(losses)):
-            contrasts.append(Contrast(f"effect {i}", mode.unprotected, _arm_name(i), mode.summary, "?"))
-            contrasts.append(Contrast(f"gap {i}", mode.fix, _arm_name(i), mode.summary, "?"))
-    return replace(exp, arms=arms, summaries=summaries, contrasts=tuple(contrasts))
+    return replace(exp, arms=arms, summaries=summaries, contrasts=())
 
 
 def check(
@@ -445,9 +520,11 @@ def check(
     jobs: int | None = None,
     progress: bool = False,
     off_policy: OffPolicy = OffPolicy(),
+    blocks: dict[str, list[int]] | None = None,
 ) -> list[LossResult]:
     """Run the check for every loss in ``specs`` at once (the unprotected and fix arms are
-    shared). ``overrides`` sets knobs of :data:`~dapo.registry.KNOBS` for every
+    shared). ``blocks`` names the seed blocks outright (``discovery``, ``confirmation``) in
+    place of ``seeds`` and ``seed_start``. ``overrides`` sets knobs of :data:`~dapo.registry.KNOBS` for every
     candidate; ``claims`` replaces each loss's own claims and ``knobs`` the knobs each says
     it honours; ``off_policy`` runs every arm on stale rollouts with a correction."""
     overrides = dict(overrides or {})
@@ -499,6 +576,7 @@ def check(
         jobs=jobs,
         progress=progress,
         memo=True,
+        blocks=blocks,
     )
     for m, res in zip(modes, done):
         _judge(MODES[m], res, results)
@@ -522,6 +600,16 @@ def _skipped(logs: dict[int, Log]) -> tuple[int, int]:
     return int(skipped), int(skipped + taken)
 
 
+def _seeds_left_out(m: ModeResult) -> str:
+    """The judged seed count per block and each seed left out, with why (grouped by reason)."""
+    why: dict[str, list[int]] = {}
+    for seed, reason in sorted(m.unjudged.items()):
+        why.setdefault(reason, []).append(seed)
+    counts = ", ".join(f"{b}: {n} judged" for b, n in m.judged.items())
+    left = "; ".join(f"seed{'s' if len(v) > 1 else ''} {', '.join(map(str, v))}: {r}" for r, v in why.items())
+    return counts + (f", left out: {left}" if left else "") + f"; a block needs {MIN_SEEDS}"
+
+
 def _block_verdicts(m: ModeResult) -> str:
     return ", ".join(f"{b}: {v}" for b, v in m.blocks.items())
 
@@ -534,13 +622,52 @@ def _intervals(res: ExperimentResult, diffs: dict[int, float]) -> dict[str, Inte
     return {b: paired_interval([diffs[s] for s in seeds]) for b, seeds in res.blocks.items()}
 
 
+def _per_block(
+    res: ExperimentResult,
+    read: dict[int, tuple[float, float, float]],
+    fn: Callable[[tuple[float, float, float]], float],
+) -> dict[str, Interval]:
+    """Per seed block: the interval of ``fn(unprotected, fix, candidate)`` over its read seeds."""
+    return {b: paired_interval([fn(read[s]) for s in seeds if s in read]) for b, seeds in res.blocks.items()}
+
+
 def _judge(mode: FailureMode, res: ExperimentResult, results: list[LossResult]) -> None:
+    """Every candidate's verdicts in one failure mode. The yardstick first, with DAPO's loss
+    only (the same for every candidate): per seed, the unprotected and the fix arm read in
+    the window they fix (:func:`toybench.matched.reference_window`) or, for a mode read at
+    equal steps, their summaries. Then each candidate, read in the same window on each seed
+    (a seed it cannot be read on is left out and named), against it."""
     u, f = mode.unprotected, mode.fix
+    sign = 1.0 if mode.better == "+" else -1.0
     ref_gain = _per_seed(res, LEARNED, mode.reference)
     ref_interval = _intervals(res, ref_gain)
+    windows: dict[int, Window | str] = {}
     if mode.curve is None:  # the summary measures learning itself: read at equal steps
-        by_name = {c.contrast.name: c for c in res.contrasts}
-        fix_eff = {b: r.interval for b, r in by_name["fix"].blocks.items()}
+        per_arm = _per_seed(res, mode.summary, u), _per_seed(res, mode.summary, f)
+        base: dict[int, tuple[float, float] | str] = {
+            s: (per_arm[0][s], per_arm[1][s])
+            if math.isfinite(per_arm[0][s]) and math.isfinite(per_arm[1][s])
+            else "DAPO's arms' summary is not finite"
+            for s in res.seeds
+        }
+    else:
+        base = {}
+        for s in res.seeds:
+            w = reference_window({u: res.logs[u][s], f: res.logs[f][s]})
+            windows[s] = w
+            vu, vf = (read(res.logs[x][s], mode.curve, w) if isinstance(w, Window) else w for x in (u, f))
+            base[s] = (
+                (vu, vf)
+                if isinstance(vu, float) and isinstance(vf, float)
+                else str(vu if isinstance(vu, str) else vf)
+            )
+    ok = {s: v for s, v in base.items() if not isinstance(v, str)}
+    fix_eff = {
+        b: paired_interval([ok[s][1] - ok[s][0] for s in seeds if s in ok]) for b, seeds in res.blocks.items()
+    }
+    # the yardstick stands when it is read on enough seeds and shows the fix on every block
+    few = any(iv.n < MIN_SEEDS for iv in fix_eff.values())
+    yardstick = not few and all(_beyond(iv, 0.0, sign) for iv in fix_eff.values())
     tol_learned = NOISE * _scale(res, LEARNED)
     for i, r in enumerate(results):
         c = _arm_name(i)
@@ -554,33 +681,54 @@ def _judge(mode: FailureMode, res: ExperimentResult, results: list[LossResult]) 
             all(_learned(iv, tol_learned) for iv in margin.values()),
             *_skipped(res.logs[c]),
         )
-        if mode.curve is None:
-            eff = {b: x.interval for b, x in by_name[f"effect {i}"].blocks.items()}
-            gap = {b: x.interval for b, x in by_name[f"gap {i}"].blocks.items()}
-            per_arm = res.summaries[mode.summary]
-            values = {
-                role: _mean(per_arm[arm]) for role, arm in (("unprotected", u), ("fix", f), ("candidate", c))
-            }
-            tol = NOISE * _scale(res, mode.summary)
-        else:  # read where the three arms have learned the same amount, paired by seed
-            read = {s: read_matched({x: res.logs[x][s] for x in (u, f, c)}, mode.curve) for s in res.seeds}
-            eff = _intervals(res, {s: v[c] - v[u] for s, v in read.items()})
-            gap = _intervals(res, {s: v[c] - v[f] for s, v in read.items()})
-            fix_eff = _intervals(res, {s: v[f] - v[u] for s, v in read.items()})
-            values = {
-                role: _mean([v[arm] for v in read.values()])
-                for role, arm in (("unprotected", u), ("fix", f), ("candidate", c))
-            }
-            tol = NOISE * max(
-                (abs(x) for v in read.values() for x in v.values() if math.isfinite(x)), default=0.0
-            )
+        unjudged: dict[int, str] = {}
+        cand: dict[int, tuple[float, float, float]] = {}
+        for s in res.seeds:
+            skipped, _ = _skipped({s: res.logs[c][s]})
+            if isinstance(base[s], str):
+                unjudged[s] = f"no yardstick: {base[s]}"
+            elif skipped:
+                unjudged[s] = f"{skipped} optimizer steps skipped (a non-finite loss or gradient)"
+            elif mode.curve is None:
+                v = _per_seed(res, mode.summary, c)[s]
+                if not math.isfinite(v):
+                    unjudged[s] = "its summary is not finite"
+                elif not cand_gain[s] > 0:
+                    unjudged[s] = "learns nothing on this seed (accuracy gain <= 0)"
+                else:
+                    cand[s] = (ok[s][0], ok[s][1], v)
+            else:
+                w = windows[s]
+                assert isinstance(w, Window)
+                got = read_against({u: res.logs[u][s], f: res.logs[f][s]}, res.logs[c][s], mode.curve, w)
+                if isinstance(got, str):
+                    unjudged[s] = got
+                else:  # the references re-read over the candidate's window where it is shorter
+                    cand[s] = (got[u], got[f], got[""])
+        both = cand
+        eff = _per_block(res, both, lambda v: v[2] - v[0])
+        gap = _per_block(res, both, lambda v: v[2] - v[1])
+        # (candidate - unprotected) - MIN_SHARE x (fix - unprotected): beyond the share, paired
+        share = _per_block(res, both, lambda v: (v[2] - v[0]) - MIN_SHARE * (v[1] - v[0]))
+        harm = _per_block(res, both, lambda v: (v[2] - v[0]) + MIN_SHARE * (v[1] - v[0]))
+        values = {
+            role: _mean([v[k] for v in both.values()])
+            for k, role in enumerate(("unprotected", "fix", "candidate"))
+        }
+        tol = NOISE * max((abs(x) for v in both.values() for x in v if math.isfinite(x)), default=0.0)
         blocks: dict[str, str] = {}
-        if learning.learns:
-            blocks = {b: _protection(iv, mode.better, tol) for b, iv in eff.items()}
-            protection = _combine(list(blocks.values()))
-            vs_fix = _combine([_vs_fix(gap[b], fix_eff[b], mode.better, tol) for b in gap])
-        else:
+        if not learning.learns:
             protection, vs_fix = DOES_NOT_LEARN, "n/a"
+        elif not yardstick:
+            protection, vs_fix = (TOO_FEW if few else NO_YARDSTICK), "n/a"
+        else:
+            blocks = {b: _protection(eff[b], share[b], harm[b], sign, tol) for b in eff}
+            protection = TOO_FEW if TOO_FEW in blocks.values() else _combine(list(blocks.values()))
+            vs_fix = (
+                "n/a"
+                if protection == TOO_FEW
+                else _combine([_vs_fix(gap[b], fix_eff[b], sign, tol) for b in gap])
+            )
         r.modes[mode.name] = ModeResult(
             mode.name,
             protection,
@@ -593,6 +741,8 @@ def _judge(mode: FailureMode, res: ExperimentResult, results: list[LossResult]) 
             values,
             matched=mode.curve is not None,
             blocks=blocks,
+            unjudged=unjudged,
+            judged={b: iv.n for b, iv in eff.items()},
         )
 
 
@@ -600,7 +750,7 @@ def assert_protects(
     loss: str | Loss,
     against: str | Sequence[str],
     *,
-    seeds: int = 6,
+    seeds: int = 8,
     seed_start: int = 0,
     overrides: dict[str, Any] | None = None,
     knobs: Sequence[str] | None = None,
@@ -609,7 +759,9 @@ def assert_protects(
     """Assert in a test that ``loss`` keeps its contract, learns on each task of ``against``
     (names of :data:`MODES`), protects against each on both seed blocks and acts on every
     knob it honours (``knobs``, default its own declaration); raise ``AssertionError``
-    naming what failed. Returns the result for further checks::
+    naming what failed. ``seeds`` per block defaults to 8: a verdict needs 6 judged seeds
+    (:data:`~toybench.check_words.MIN_SEEDS`), and a loss that learns a little slower than
+    DAPO's may not be read on a seed or two. Returns the result for further checks::
 
         from toybench.check import assert_protects
 
@@ -705,9 +857,11 @@ def format_table(results: Sequence[LossResult]) -> str:
             "† DAPO's fix here is not a property of the loss (sampling, reward shaping): a candidate "
             "that differs from the unprotected arm does so by learning faster or slower, not by "
             "removing the failure mode; read at equal steps. *Equal learning*: each arm read from "
-            "the step it reaches 90% of the accuracy gain all three reach on that seed, over the same "
-            f"number of steps (toybench.matched). *learns*: at least {LEARNING_MARGIN:.0%} of DAPO's "
-            "accuracy gain on the same seeds, on both blocks."
+            "the step it reaches 90% of the accuracy gain both reference arms (DAPO's loss with and without "
+            "the fix) reach on that seed, over the steps they have left (toybench.matched); a seed the "
+            "candidate cannot be read on is left out and named. Every arm trains with "
+            "toybench.optim.ScaleFreeSGD (a constant factor on the loss changes no step). *learns*: at "
+            f"least {LEARNING_MARGIN:.0%} of DAPO's accuracy gain on the same seeds, on both blocks."
         )
     lines.append("")
     lines.append("Verdicts:")
@@ -740,4 +894,9 @@ def format_table(results: Sequence[LossResult]) -> str:
             lines.append("")
             lines.append(f"`{r.loss.spec}` fails:")
             lines.extend(f"- {f}" for f in r.failures)
+    left = [(r, m) for r in results for m in r.modes.values() if m.unjudged and m.learning.learns]
+    if left:
+        lines.append("")
+        lines.append("Seeds left out of a protection verdict:")
+        lines.extend(f"- `{r.loss.spec}`, {m.mode}: {_seeds_left_out(m)}" for r, m in left)
     return "\n".join(lines)

@@ -13,7 +13,11 @@ from .check import (
     FRAGILE,
     LEARNING_MARGIN,
     MAX_SKIPPED_SHARE,
+    MIN_SEEDS,
+    MIN_SHARE,
     MODES,
+    NO_YARDSTICK,
+    TOO_FEW,
     LossResult,
     format_table,
 )
@@ -76,6 +80,8 @@ def _mark(protection: str) -> str:
         "harms": "harms",
         FRAGILE: "blocks differ",
         DOES_NOT_LEARN: "learns too little",
+        NO_YARDSTICK: "no yardstick",
+        TOO_FEW: "too few seeds",
     }.get(protection, "")
 
 
@@ -95,26 +101,36 @@ def write_report(results: list[LossResult], payload: dict[str, Any], out: Path) 
         f"{payload['seeds_per_block']} paired seeds per block, discovery and confirmation).\n\n"
         "Each candidate runs the experiment's *unprotected* arm with its policy loss swapped in and "
         "the clip/aggregation knobs set to the loss's own recipe; sampling and reward stay unprotected. "
+        "Every arm trains with `toybench.optim.ScaleFreeSGD`: SGD's direction with a step a constant "
+        "factor on the loss does not change, as under the trainer's AdamW (a loss x 0.15 is judged as "
+        "the loss; under plain SGD it was a smaller learning rate), at each mode's step "
+        "(`toybench.check.STEP_ENTROPY` ...: the step SGD takes with DAPO's loss in the experiment). "
         "*learns*: the learning gate, judged first: the candidate's exact expected-accuracy gain, last 10 "
-        "steps minus step 0 (a run without updates keeps its step-0 policy, so this is the gain over a "
-        f"no-update control of the same seed), must be at least {LEARNING_MARGIN:.0%} of the gain of "
-        "DAPO's own loss in the same conditions on the same seeds (the interval of candidate - "
-        f"{LEARNING_MARGIN:g} x DAPO above 0 on both seed blocks), with at most "
+        "steps minus step 0 (the gain over a no-update control of the same seed), must not be shown to "
+        f"fall short of {LEARNING_MARGIN:.0%} of the gain of DAPO's own loss on the same seeds (the "
+        f"interval of candidate - {LEARNING_MARGIN:g} x DAPO not below 0 on either seed block; the share "
+        "is derived from DAPO's loss alone, [step_sweep.md](step_sweep.md)), with at most "
         f"{MAX_SKIPPED_SHARE:.0%} of its optimizer steps skipped for a non-finite loss; a loss that fails "
-        "it gets *cannot judge: learns too little* and no protection verdict or share (a policy that "
-        "hardly moves keeps its entropy and its length gap by standing still). *contract*: finite on "
-        "empty rows and on a micro-batch with no loss token, unchanged by padding, a positive advantage "
-        "raises its token's log-prob, a dual clip that leaves positive advantages alone "
-        "(`toybench.losses.probe_contract`). *Equal learning* (entropy collapse, length bias: DAPO's fix "
-        "there is a loss property): each arm's entropy, or its wrong path's length minus the right "
-        "one's, is read from the step it reaches 90% of the accuracy gain all three compared arms reach "
-        "on that seed, over the same number of steps (`toybench.matched`). The two † modes (fixed by "
-        "sampling or reward) are read at equal steps: their summaries measure learning itself. "
-        "*protects*: candidate - unprotected excludes 0 in the direction of DAPO's fix on both seed "
-        "blocks (*differs between seed blocks* fails a claim). *vs DAPO's fix*: candidate - fix inside "
-        "+-25% of the fix's effect (`as fix`), or excluding 0 (`better`/`weaker`). *share of fix*: mean "
-        "(candidate - unprotected) / (fix - unprotected), only where the candidate passed the learning "
-        "gate. An interval within 1e-9 of the metric's scale is *no effect*. "
+        "it gets *cannot judge: learns too little* and no protection verdict or share. *contract*: finite "
+        "on empty rows and on a micro-batch with no loss token, unchanged by padding, a gradient on every "
+        "class of loss token, a positive advantage raises its token's log-prob, a dual clip that leaves "
+        "positive advantages alone (`toybench.losses.probe_contract`). *The yardstick*: DAPO's fix "
+        "against the unprotected arm, both with DAPO's loss, measured once per seed block and the same "
+        "for every candidate; a mode where it does not exclude 0 in the fix's direction on both blocks "
+        "judges no candidate (*cannot judge: DAPO's fix shows no effect here*). *Equal learning* "
+        "(entropy collapse, length bias: DAPO's fix there is a loss property): on each seed the two "
+        "reference arms fix a window (from the step each reaches 90% of the smaller of their accuracy "
+        "gains, over the steps both have left); the candidate is read from its own crossing of that "
+        "level over the same steps (fewer if it has fewer left, at least 10, the references re-read over "
+        "as many), and a seed where it never gets there, or a run skips steps, is left out and named "
+        f"(`toybench.matched`); a block with fewer than {MIN_SEEDS} judged seeds is *cannot judge: too "
+        "few seeds*. The two † modes (fixed by sampling or reward) are read at equal steps: their "
+        f"summaries measure learning itself. *protects*: candidate - unprotected beyond {MIN_SHARE:.0%} "
+        "of the fix's effect in its direction, paired by seed, on both seed blocks; *harms*: beyond it "
+        "against (*differs between seed blocks* fails a claim). *vs DAPO's fix*: candidate - fix inside "
+        f"+-{MIN_SHARE:.0%} of the fix's effect (`as fix`), or excluding 0 (`better`/`weaker`). *share "
+        "of fix*: mean (candidate - unprotected) / (fix - unprotected), only where the candidate passed "
+        "the learning gate. "
         "Failure modes (fix; summary; arms): "
         f"{modes}.\n\n"
         f"{figure}"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dapo.cliargs import Int, OutDir, OutFile, Parser, Text, UsageError
 
-from .check_words import VERDICTS
+from .check_words import MIN_SEEDS, VERDICTS
 from .run_config import presets
 
 QUIET_HELP = (
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Probe a policy loss's contract and knobs, check that it learns on each failure mode's "
         "task, then whether it protects against each failure mode (paired seeds, two blocks).",
         epilog="exit status: 0 every loss passes; 1 a loss fails (broken contract, ignored knob, learns "
-        "less than half of DAPO's accuracy gain, skipped steps, or an unprotected claimed failure mode); "
+        "less than 0.82 of DAPO's accuracy gain, skipped steps, or an unprotected claimed failure mode); "
         "2 bad input (a spec, option or loss that cannot be run: import error, wrong signature, raises, "
         "no gradient). Claims: a built-in's own, DAPO's (entropy_collapse, length_bias) for a user "
         "function, or --claims. Verdicts: "
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the off-policy correction of every arm (dapo.offpolicy.CORRECTIONS: none, bypass, token_tis, "
         "seq_tis, icepop, seq_mis, geo_rs, k3_rs, decoupled; default none)",
     )
-    _seed_args(c, 10)
+    _seed_args(c, 10, MIN_SEEDS)  # toybench.check_words.MIN_SEEDS
     c.add_argument("--json", type=OutFile(), default=None, help="also write the results as JSON to this file")
     c.add_argument(
         "--out",
@@ -229,12 +229,13 @@ def _common(p: argparse.ArgumentParser, out: str, note: str = "") -> None:
     p.add_argument("--quiet", action="store_true", help=QUIET_HELP)
 
 
-def _seed_args(p: argparse.ArgumentParser, default: int) -> None:
+def _seed_args(p: argparse.ArgumentParser, default: int, least: int = 2) -> None:
+    why = "paired intervals need at least two" if least == 2 else "a verdict needs that many judged seeds"
     p.add_argument(
         "--seeds",
-        type=Int(lo=2, why="paired intervals need at least two"),
+        type=Int(lo=least, why=why),
         default=default,
-        help=f"paired seeds per block, >= 2 (default {default}): a discovery block and a disjoint "
+        help=f"paired seeds per block, >= {least} (default {default}): a discovery block and a disjoint "
         "confirmation block are both run, and a finding must hold on both",
     )
     p.add_argument(

@@ -57,6 +57,7 @@ from dapo.registry import BUILTIN as BUILTIN_LOSSES
 from dapo.registry import parse_spec as parse_loss_spec
 from dapo.registry import resolve as resolve_loss
 
+from .optim import BETA, OPTIMIZERS, scale_free_factor
 from .policies import (
     EOS,
     TabularPolicy,
@@ -96,6 +97,7 @@ def batch_key(spec: RunSpec) -> tuple | None:
         tuple(sorted(spec.task_kwargs.items())),
         spec.steps,
         spec.lr,
+        spec.optimizer,
         spec.init_noise,
         spec.drift_at,
         c.group_size,
@@ -201,6 +203,12 @@ class _Engine:
             self.gens.append(gen)
         self.table = torch.nn.Parameter(torch.stack(tables))
         self.lr = specs[0].lr
+        self.optimizer = specs[0].optimizer  # part of the batch key
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer {self.optimizer!r}: choose from {', '.join(OPTIMIZERS)}")
+        # ScaleFreeSGD's state, per run: the gradient's second moment and the steps taken
+        self.v = torch.zeros(R, dtype=torch.float64)
+        self.t = torch.zeros(R, dtype=torch.float64)
         self.best = _best_paths(task)  # of the task the run starts on, as the loop keeps it
         self._set_task(task)
         # prompt selection (per run: its own history and data-loader stream) and the drift
@@ -634,7 +642,7 @@ class _Engine:
                     grad.mul_((self.clip / (norm + 1e-6)).clamp(max=1.0).view(shape))
                 if not bool(took.all()):
                     self.table.grad = torch.where(took.view(shape), grad, torch.zeros_like(grad))
-                self._sgd_step()
+                self._step(took)
                 ent_mask = mask[:, rows] & in_win.unsqueeze(-1)
                 acc.add(stats, loss, norm, took, stepping & ~took, entropy if epoch == 0 else None, ent_mask)
         self.table.grad = None
@@ -656,13 +664,28 @@ class _Engine:
         return out
 
     @torch.no_grad()
-    def _sgd_step(self) -> None:
-        """``torch.optim.SGD(lr).step()`` without momentum or weight decay, as the per-run loop
-        takes it (``param.add_(grad, alpha=-lr)``: the same kernel, so the same bits), without
-        constructing the optimizer, whose first construction imports torch._dynamo (1.6 s in
-        every process that trains)."""
-        assert self.table.grad is not None
-        self.table.add_(self.table.grad, alpha=-self.lr)
+    def _step(self, took: Tensor) -> None:
+        """One optimizer step for every run that ``took`` it (the others' gradients are zero).
+        ``sgd``: ``torch.optim.SGD(lr).step()`` without momentum or weight decay, as the
+        per-run loop takes it (``param.add_(grad, alpha=-lr)``: the same kernel, so the same
+        bits), without constructing the optimizer, whose first construction imports
+        torch._dynamo (1.6 s in every process that trains). ``scale_free``:
+        :class:`toybench.optim.ScaleFreeSGD`'s step per run, with its ops on the run's own
+        slice: the same bits as the loop, whatever shares the batch."""
+        grad = self.table.grad
+        assert grad is not None
+        if self.optimizer == "sgd":
+            self.table.add_(grad, alpha=-self.lr)
+            return
+        # per run, with the loop's own ops on the run's own slice (same shape, same kernel):
+        # ScaleFreeSGD's bits, whatever else shares the batch
+        for r in torch.nonzero(took).flatten().tolist():
+            g = grad[r]
+            sq = float(torch.linalg.vector_norm(g.flatten()).double()) ** 2
+            self.t[r] += 1
+            self.v[r] = BETA * self.v[r] + (1.0 - BETA) * sq
+            factor = float(scale_free_factor(self.v[r], self.t[r], self.lr))
+            self.table[r].add_(g, alpha=-factor)
 
     def correct(
         self, batch: dict[str, Tensor], old_logp: Tensor, loss_mask: Tensor

@@ -38,6 +38,8 @@ class Arm:
     """Prompt selection before generation (:attr:`toybench.runner.RunSpec.selection`)."""
     drift_at: int | None = None
     """The step the task drifts at (:attr:`toybench.runner.RunSpec.drift_at`)."""
+    optimizer: str = "sgd"
+    """The tabular policy's optimizer (:attr:`toybench.runner.RunSpec.optimizer`)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ class Experiment:
             loss=a.loss,
             selection=a.selection,
             drift_at=a.drift_at,
+            optimizer=a.optimizer if policy == "tabular" else "sgd",
             **a.faults,
         )
 
@@ -281,6 +284,7 @@ def run_experiments(
     progress: bool = True,
     stats: dict[str, int] | None = None,
     memo: bool = False,
+    blocks: dict[str, list[int]] | None = None,
 ) -> list[ExperimentResult]:
     """Run every arm of every experiment on the same seeds (paired) and evaluate them.
 
@@ -292,13 +296,16 @@ def run_experiments(
     on neither. A run two experiments share (the same :class:`RunSpec`) is trained once;
     with ``memo``, so is a run of a built-in loss that an earlier call in this process trained
     (:mod:`toybench.memo`). ``stats``, when given, receives ``runs`` (trained), ``run_ids``
-    (asked for) and ``reused`` (taken from the memo)."""
+    (asked for) and ``reused`` (taken from the memo). ``blocks`` names the seed blocks
+    outright (``{"discovery": [...], "confirmation": [...]}``) in place of ``seeds``."""
     from . import memo as kept
     from .scheduler import execute, plan
 
     if steps is not None:
         experiments = [with_steps(e, steps) for e in experiments]
-    if isinstance(seeds, int):
+    if blocks is not None:
+        blocks = {name: list(members) for name, members in blocks.items()}
+    elif isinstance(seeds, int):
         blocks = seed_blocks(seeds, seed_start, confirm)
     else:
         blocks = {"discovery": list(seeds)}

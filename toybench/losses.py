@@ -163,7 +163,47 @@ def _one_token(advantage: float) -> Batch:
     )
 
 
-CONTRACT = ("finite", "empty_rows", "fully_masked", "padding", "gradient_sign", "dual_clip")
+def _dropped(loss: Loss, knobs: dict[str, Any], batch: Batch) -> str:
+    """The first class of loss tokens that gets no gradient on every response it occurs in,
+    at ratio 1 on ``batch`` (``""`` if none), in words naming what was measured: the class,
+    how many responses, and the gradient there."""
+    _, old, adv, mask = batch
+    _, grad = _call(loss, knobs, (old.clone(), old, adv, mask))
+    grad = grad[0] if grad.dim() == 3 else grad
+    scale = float(grad.abs().max())
+    if scale == 0.0:
+        return (
+            "d loss / d logp is 0 at every loss token of the probe batch at ratio 1: no gradient reaches any"
+        )
+    zero = (grad.abs() <= 1e-12 * scale) & mask
+    lengths = mask.sum(-1)
+    positions = torch.arange(mask.shape[1]).unsqueeze(0)
+    classes: list[tuple[str, Tensor]] = [
+        ("every token of the responses with a positive advantage", mask & (adv > 0).unsqueeze(1)),
+        ("every token of the responses with a negative advantage", mask & (adv < 0).unsqueeze(1)),
+    ]
+    for k in range(mask.shape[1]):
+        word = "last" if k == 0 else f"{_ordinal(k + 1)} from last"
+        classes.append(
+            (f"the {word} token of each response", mask & (positions == (lengths - 1 - k).unsqueeze(1)))
+        )
+        word = "first" if k == 0 else _ordinal(k + 1)
+        classes.append((f"the {word} token of each response", mask & (positions == k)))
+    for name, members in classes:
+        n = int(members.any(-1).sum())
+        if n >= 2 and bool(zero[members].all()):
+            return (
+                f"d loss / d logp is 0 at {name} ({n} responses, probe batch at ratio 1, lengths 1 to "
+                f"{mask.shape[1]}): those tokens are in the mask but get no gradient"
+            )
+    return ""
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+CONTRACT = ("finite", "empty_rows", "fully_masked", "padding", "every_token", "gradient_sign", "dual_clip")
 """What every policy loss must satisfy, whatever its knobs (:func:`probe_contract`)."""
 
 
@@ -178,6 +218,14 @@ def probe_contract(loss: Loss, knobs: dict[str, Any] | None = None) -> dict[str,
       calls it, with the window's ``agg_denominator``: a mean must not divide 0 by 0;
     * ``padding``: value and gradient unchanged by what sits in padding positions (the
       engine's log-probs there are arbitrary);
+    * ``every_token``: on the probe batch at ratio 1 (every response length from 1 to 8,
+      advantages of both signs), the gradient reaches the loss tokens: no class of tokens
+      gets d loss / d logp = 0 on every response it occurs in (:func:`_dropped`: all tokens
+      of the responses with a positive, or a negative, advantage; the k-th token from the
+      start, or from the end, of each response). A token masked out of the loss by mistake
+      (a response's last token, EOS, dropped; a dual clip below 1 that flattens every
+      negative advantage) is one such class; a loss that detaches a few tokens by design
+      (Clip-Cov) is not;
     * ``gradient_sign``: on one token at ratio 1, a positive advantage raises that token's
       log-prob under gradient descent (d loss / d logp < 0) and a negative one lowers it:
       the loss is -J of Eq. 10, minimised;
@@ -219,6 +267,10 @@ def probe_contract(loss: Loss, knobs: dict[str, Any] | None = None) -> dict[str,
                 "clip_ratio_c=1.5 changes the loss of a batch whose advantages are all positive: "
                 "the dual clip must act on negative advantages only"
             )
+    if "finite" not in out:
+        dropped = _dropped(loss, knobs, base)
+        if dropped:
+            out["every_token"] = dropped
     for advantage, want in ((1.0, -1.0), (-1.0, 1.0)):
         value, grad = _call(loss, knobs, _one_token(advantage))
         g = float(grad.sum())
@@ -231,14 +283,14 @@ def probe_contract(loss: Loss, knobs: dict[str, Any] | None = None) -> dict[str,
             break
         if g * want > 0:
             continue
+        if g == 0 and "every_token" in out:  # the same finding, measured there on every length
+            break
         line = f"on one token at ratio 1 with advantage {advantage:+g}, d loss / d logp = {g:+.3g}"
-        if math.isfinite(g):
-            effect = (
-                "leave its log-prob where it is"
-                if g == 0
-                else ("lower" if g > 0 else "raise") + " its log-prob"
-            )
-            line += f": gradient descent would {effect} (the loss must be -J, to minimise)"
+        if g == 0:
+            line += ": gradient descent would leave its log-prob where it is (no gradient reaches it)"
+        else:
+            effect = "lower" if g > 0 else "raise"
+            line += f": gradient descent would {effect} its log-prob, against its advantage (-J must be minimised)"
         out["gradient_sign"] = line
         break
     return out

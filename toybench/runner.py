@@ -15,6 +15,7 @@ from dapo import AlgoConfig, DynamicSampler, RolloutBatch, SamplingWarning, conf
 from dapo.prompt_selection import PromptSelection, parse_spec, select
 from dapo.registry import resolve as resolve_loss
 
+from .optim import make as make_optimizer
 from .policies import POLICIES, TabularPolicy, ToyPolicy, sample_table, table_cdf, table_logp_entropy
 from .tasks import TASKS, TokenTask, episode_end, verify
 
@@ -31,6 +32,10 @@ class RunSpec:
     """Training steps (rollout batches)."""
     lr: float
     """Learning rate of the policy's optimizer (SGD for tabular, Adam for GRU)."""
+    optimizer: str = "sgd"
+    """The tabular policy's optimizer (:data:`toybench.optim.OPTIMIZERS`): ``sgd``, or
+    ``scale_free`` (:class:`toybench.optim.ScaleFreeSGD`, whose step a constant factor on the
+    loss does not change; ``dapo toy check``). The GRU policy is always trained with Adam."""
     seed: int = 0
     """Seeds the policy's initial noise and every rollout (paired arms share it)."""
     policy: str = "tabular"
@@ -289,7 +294,14 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
     torch.manual_seed(spec.seed)
     gen = torch.Generator().manual_seed(spec.seed)
     policy = make_policy(spec, task, gen)
-    optimizer = policy.make_optimizer(spec.lr)
+    if spec.optimizer == "sgd" or spec.policy != "tabular":
+        if spec.optimizer != "sgd":
+            raise ValueError(
+                f"optimizer {spec.optimizer!r} needs the tabular policy (the GRU trains with Adam)"
+            )
+        optimizer = policy.make_optimizer(spec.lr)
+    else:
+        optimizer = make_optimizer(spec.optimizer, policy.parameters(), spec.lr)
     loss_fn = resolve_loss(spec.loss).fn
     all_prompts = torch.arange(task.num_prompts)
     best = _best_paths(task)

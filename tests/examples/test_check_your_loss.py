@@ -7,7 +7,7 @@ is named ``verl:NAME`` / ``trl:LOSS_TYPE`` (install the peers first; see docs/ho
 assertion runs the toy failure-mode experiment with your loss in place of the unprotected
 arm's, on two disjoint blocks of paired seeds, and fails with a message naming what is
 wrong: a broken contract (NaN on empty rows or fully masked micro-batches, padding that
-changes the loss, a gradient of the wrong sign), a loss that learns too little (less than half of DAPO's accuracy gain) or skips
+changes the loss, a gradient of the wrong sign), a loss shown to learn too little (less than 0.82 of DAPO's accuracy gain) or skips
 steps, a failure mode not protected against, or a knob your loss ignores. A loss that is
 not meant to honour every knob says which it does: ``my_loss.dapo_knobs = ("eps_low",
 "eps_high")`` (or ``assert_protects(..., knobs=[...])``).
