@@ -42,6 +42,7 @@ SLOW_FIRST = (
     "test_check_corpus.py",  # 423
     "test_scale_trainer.py",  # 357
     "test_check.py",  # 285
+    "test_check_relations.py",  # ~240 (one process)
     "test_gpu_check.py",  # 211
     "test_disaggregated_resume.py",  # 203
     "test_lora.py",  # 144
