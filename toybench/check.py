@@ -631,6 +631,35 @@ def _per_block(
     return {b: paired_interval([fn(read[s]) for s in seeds if s in read]) for b, seeds in res.blocks.items()}
 
 
+def yardstick(
+    mode: FailureMode, res: ExperimentResult
+) -> tuple[dict[int, tuple[float, float] | str], dict[int, Window | str]]:
+    """Per seed, DAPO's loss without and with DAPO's fix, (unprotected, fix): read in the window
+    the two fix (:func:`toybench.matched.reference_window`; the windows are returned too) or,
+    for a mode read at equal steps, their summaries; a reason (str) for a seed without one."""
+    u, f = mode.unprotected, mode.fix
+    base: dict[int, tuple[float, float] | str] = {}
+    windows: dict[int, Window | str] = {}
+    if mode.curve is None:  # the summary measures learning itself: read at equal steps
+        vu, vf = _per_seed(res, mode.summary, u), _per_seed(res, mode.summary, f)
+        for s in res.seeds:
+            finite = math.isfinite(vu[s]) and math.isfinite(vf[s])
+            base[s] = (vu[s], vf[s]) if finite else "DAPO's arms' summary is not finite"
+        return base, windows
+    for s in res.seeds:
+        w = windows[s] = reference_window({u: res.logs[u][s], f: res.logs[f][s]})
+        if isinstance(w, str):
+            base[s] = w
+            continue
+        ru, rf = read(res.logs[u][s], mode.curve, w), read(res.logs[f][s], mode.curve, w)
+        base[s] = (
+            (ru, rf)
+            if isinstance(ru, float) and isinstance(rf, float)
+            else str(ru if isinstance(ru, str) else rf)
+        )
+    return base, windows
+
+
 def _judge(mode: FailureMode, res: ExperimentResult, results: list[LossResult]) -> None:
     """Every candidate's verdicts in one failure mode. The yardstick first, with DAPO's loss
     only (the same for every candidate): per seed, the unprotected and the fix arm read in
@@ -641,33 +670,14 @@ def _judge(mode: FailureMode, res: ExperimentResult, results: list[LossResult]) 
     sign = 1.0 if mode.better == "+" else -1.0
     ref_gain = _per_seed(res, LEARNED, mode.reference)
     ref_interval = _intervals(res, ref_gain)
-    windows: dict[int, Window | str] = {}
-    if mode.curve is None:  # the summary measures learning itself: read at equal steps
-        per_arm = _per_seed(res, mode.summary, u), _per_seed(res, mode.summary, f)
-        base: dict[int, tuple[float, float] | str] = {
-            s: (per_arm[0][s], per_arm[1][s])
-            if math.isfinite(per_arm[0][s]) and math.isfinite(per_arm[1][s])
-            else "DAPO's arms' summary is not finite"
-            for s in res.seeds
-        }
-    else:
-        base = {}
-        for s in res.seeds:
-            w = reference_window({u: res.logs[u][s], f: res.logs[f][s]})
-            windows[s] = w
-            vu, vf = (read(res.logs[x][s], mode.curve, w) if isinstance(w, Window) else w for x in (u, f))
-            base[s] = (
-                (vu, vf)
-                if isinstance(vu, float) and isinstance(vf, float)
-                else str(vu if isinstance(vu, str) else vf)
-            )
+    base, windows = yardstick(mode, res)
     ok = {s: v for s, v in base.items() if not isinstance(v, str)}
     fix_eff = {
         b: paired_interval([ok[s][1] - ok[s][0] for s in seeds if s in ok]) for b, seeds in res.blocks.items()
     }
     # the yardstick stands when it is read on enough seeds and shows the fix on every block
     few = any(iv.n < MIN_SEEDS for iv in fix_eff.values())
-    yardstick = not few and all(_beyond(iv, 0.0, sign) for iv in fix_eff.values())
+    standing = not few and all(_beyond(iv, 0.0, sign) for iv in fix_eff.values())
     tol_learned = NOISE * _scale(res, LEARNED)
     for i, r in enumerate(results):
         c = _arm_name(i)
@@ -683,6 +693,7 @@ def _judge(mode: FailureMode, res: ExperimentResult, results: list[LossResult]) 
         )
         unjudged: dict[int, str] = {}
         cand: dict[int, tuple[float, float, float]] = {}
+        summary = _per_seed(res, mode.summary, c)
         for s in res.seeds:
             skipped, _ = _skipped({s: res.logs[c][s]})
             if isinstance(base[s], str):
@@ -690,7 +701,7 @@ def _judge(mode: FailureMode, res: ExperimentResult, results: list[LossResult]) 
             elif skipped:
                 unjudged[s] = f"{skipped} optimizer steps skipped (a non-finite loss or gradient)"
             elif mode.curve is None:
-                v = _per_seed(res, mode.summary, c)[s]
+                v = summary[s]
                 if not math.isfinite(v):
                     unjudged[s] = "its summary is not finite"
                 elif not cand_gain[s] > 0:
@@ -705,21 +716,20 @@ def _judge(mode: FailureMode, res: ExperimentResult, results: list[LossResult]) 
                     unjudged[s] = got
                 else:  # the references re-read over the candidate's window where it is shorter
                     cand[s] = (got[u], got[f], got[""])
-        both = cand
-        eff = _per_block(res, both, lambda v: v[2] - v[0])
-        gap = _per_block(res, both, lambda v: v[2] - v[1])
-        # (candidate - unprotected) - MIN_SHARE x (fix - unprotected): beyond the share, paired
-        share = _per_block(res, both, lambda v: (v[2] - v[0]) - MIN_SHARE * (v[1] - v[0]))
-        harm = _per_block(res, both, lambda v: (v[2] - v[0]) + MIN_SHARE * (v[1] - v[0]))
+        eff = _per_block(res, cand, lambda v: v[2] - v[0])
+        gap = _per_block(res, cand, lambda v: v[2] - v[1])
+        # (candidate - unprotected) -/+ MIN_SHARE x (fix - unprotected): beyond the share, paired
+        share = _per_block(res, cand, lambda v: (v[2] - v[0]) - MIN_SHARE * (v[1] - v[0]))
+        harm = _per_block(res, cand, lambda v: (v[2] - v[0]) + MIN_SHARE * (v[1] - v[0]))
         values = {
-            role: _mean([v[k] for v in both.values()])
+            role: _mean([v[k] for v in cand.values()])
             for k, role in enumerate(("unprotected", "fix", "candidate"))
         }
-        tol = NOISE * max((abs(x) for v in both.values() for x in v if math.isfinite(x)), default=0.0)
+        tol = NOISE * max((abs(x) for v in cand.values() for x in v if math.isfinite(x)), default=0.0)
         blocks: dict[str, str] = {}
         if not learning.learns:
             protection, vs_fix = DOES_NOT_LEARN, "n/a"
-        elif not yardstick:
+        elif not standing:
             protection, vs_fix = (TOO_FEW if few else NO_YARDSTICK), "n/a"
         else:
             blocks = {b: _protection(eff[b], share[b], harm[b], sign, tol) for b in eff}

@@ -57,7 +57,7 @@ from dapo.registry import BUILTIN as BUILTIN_LOSSES
 from dapo.registry import parse_spec as parse_loss_spec
 from dapo.registry import resolve as resolve_loss
 
-from .optim import BETA, OPTIMIZERS, scale_free_factor
+from .optim import OPTIMIZERS, advance, squared_norm
 from .policies import (
     EOS,
     TabularPolicy,
@@ -680,12 +680,8 @@ class _Engine:
         # per run, with the loop's own ops on the run's own slice (same shape, same kernel):
         # ScaleFreeSGD's bits, whatever else shares the batch
         for r in torch.nonzero(took).flatten().tolist():
-            g = grad[r]
-            sq = float(torch.linalg.vector_norm(g.flatten()).double()) ** 2
-            self.t[r] += 1
-            self.v[r] = BETA * self.v[r] + (1.0 - BETA) * sq
-            factor = float(scale_free_factor(self.v[r], self.t[r], self.lr))
-            self.table[r].add_(g, alpha=-factor)
+            self.v[r], self.t[r], factor = advance(self.v[r], self.t[r], squared_norm(grad[r]), self.lr)
+            self.table[r].add_(grad[r], alpha=-factor)
 
     def correct(
         self, batch: dict[str, Tensor], old_logp: Tensor, loss_mask: Tensor

@@ -38,11 +38,21 @@ OPTIMIZERS = ("sgd", "scale_free")
 """``sgd``: plain SGD (the experiments); ``scale_free``: :class:`ScaleFreeSGD` (the check)."""
 
 
-def scale_free_factor(v: torch.Tensor, t: torch.Tensor, lr: float) -> torch.Tensor:
-    """``lr / (sqrt(v / (1 - BETA^t)) + EPS)``, elementwise (the batched engine's per-run
-    factor and :class:`ScaleFreeSGD`'s, with the same arithmetic)."""
+def squared_norm(grad: torch.Tensor) -> float:
+    """``||grad||^2`` as :class:`ScaleFreeSGD` reads it (one kernel on the flattened tensor)."""
+    return float(torch.linalg.vector_norm(grad.flatten()).double()) ** 2
+
+
+def advance(
+    v: torch.Tensor, t: torch.Tensor, sq: float, lr: float
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """One step of the state: ``(v, t)`` after a gradient of squared norm ``sq``, and the step's
+    factor ``lr / (sqrt(v / (1 - BETA^t)) + EPS)`` (:class:`ScaleFreeSGD` and the batched
+    engine, per run, with the same arithmetic)."""
+    t = t + 1
+    v = BETA * v + (1.0 - BETA) * sq
     bias = 1.0 - torch.pow(torch.full_like(v, BETA), t)
-    return lr / (torch.sqrt(v / bias) + EPS)
+    return v, t, float(lr / (torch.sqrt(v / bias) + EPS))
 
 
 class ScaleFreeSGD(torch.optim.Optimizer):
@@ -53,6 +63,10 @@ class ScaleFreeSGD(torch.optim.Optimizer):
         if not (lr > 0 and math.isfinite(lr)):
             raise ValueError(f"lr must be a positive number, got {lr}")
         super().__init__(params, {"lr": lr})
+        if len(self.param_groups) != 1:
+            raise ValueError(
+                "ScaleFreeSGD takes one parameter group (its one second moment is over all of them)"
+            )
         self.v = torch.zeros((), dtype=torch.float64)
         self.t = torch.zeros((), dtype=torch.float64)
 
@@ -61,14 +75,11 @@ class ScaleFreeSGD(torch.optim.Optimizer):
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         if not grads:
             return None
-        sq = sum(float(torch.linalg.vector_norm(g.flatten()).double()) ** 2 for g in grads)
-        self.t += 1
-        self.v = BETA * self.v + (1.0 - BETA) * sq  # the batched engine repeats these ops per run
-        for group in self.param_groups:
-            factor = float(scale_free_factor(self.v, self.t, group["lr"]))
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.add_(p.grad, alpha=-factor)
+        (group,) = self.param_groups
+        self.v, self.t, factor = advance(self.v, self.t, sum(squared_norm(g) for g in grads), group["lr"])
+        for p in group["params"]:
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-factor)
         return None
 
 

@@ -294,11 +294,9 @@ def train(spec: RunSpec) -> list[dict[str, float]]:
     torch.manual_seed(spec.seed)
     gen = torch.Generator().manual_seed(spec.seed)
     policy = make_policy(spec, task, gen)
-    if spec.optimizer == "sgd" or spec.policy != "tabular":
-        if spec.optimizer != "sgd":
-            raise ValueError(
-                f"optimizer {spec.optimizer!r} needs the tabular policy (the GRU trains with Adam)"
-            )
+    if spec.optimizer != "sgd" and spec.policy != "tabular":
+        raise ValueError(f"optimizer {spec.optimizer!r} needs the tabular policy (the GRU trains with Adam)")
+    if spec.optimizer == "sgd":
         optimizer = policy.make_optimizer(spec.lr)
     else:
         optimizer = make_optimizer(spec.optimizer, policy.parameters(), spec.lr)

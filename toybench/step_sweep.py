@@ -45,9 +45,9 @@ def lengths(seeds: int = 6) -> dict[str, float]:
 
 def sweep(seeds: int = 10, factors: tuple[float, ...] = FACTORS, jobs: int | None = None) -> list[dict]:
     """One row per (mode, factor): the fix's effect per block and DAPO's gain share."""
-    from .check import MODES, derived_experiment
+    from .check import MODES, derived_experiment, yardstick
     from .experiment import run_experiments
-    from .matched import Window, gain, read, reference_window
+    from .matched import gain
     from .stats import paired_interval
 
     modes = [m for m in MODES.values() if m.loss_can_act]
@@ -63,15 +63,10 @@ def sweep(seeds: int = 10, factors: tuple[float, ...] = FACTORS, jobs: int | Non
         mode = next(m for m in modes if exp.name.startswith(m.experiment + "@"))
         k = float(exp.name.split("@")[1])
         u, f = mode.unprotected, mode.fix
+        readings, _ = yardstick(mode, res)
         row: dict = {"mode": mode.name, "factor": k, "step": mode.step * k}
         for block, members in res.blocks.items():
-            diffs = []
-            for s in members:
-                w = reference_window({u: res.logs[u][s], f: res.logs[f][s]})
-                if isinstance(w, Window):
-                    vu, vf = read(res.logs[u][s], mode.curve, w), read(res.logs[f][s], mode.curve, w)
-                    if isinstance(vu, float) and isinstance(vf, float):
-                        diffs.append(vf - vu)
+            diffs = [v[1] - v[0] for s in members if not isinstance(v := readings[s], str)]
             iv = paired_interval(diffs)
             shown = iv.n > 0 and (iv.low > 0 if mode.better == "+" else iv.high < 0)
             g = sum(gain(res.logs[f][s]) for s in members) / len(members)
@@ -130,13 +125,13 @@ def report(rows: list[dict], seeds: int) -> str:
         "| gain share, fix arm (disc. / conf.) | gain share, unprotected arm (disc. / conf.) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def fmt(x: dict) -> str:
+        m, lo, hi = x["effect"]
+        return f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}] (n {x['n']})"
+
     for r in rows:
         d, c = r["discovery"], r["confirmation"]
-
-        def fmt(x: dict) -> str:
-            m, lo, hi = x["effect"]
-            return f"{m:+.3f} [{lo:+.3f}, {hi:+.3f}] (n {x['n']})"
-
         lines.append(
             f"| {r['mode']} | {r['factor']:g} | {r['step']:.3g} | {fmt(d)} | {'yes' if d['shown'] else 'no'} "
             f"| {fmt(c)} | {'yes' if c['shown'] else 'no'} | {d['gain_share']:.2f} / {c['gain_share']:.2f} "
