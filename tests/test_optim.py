@@ -103,3 +103,40 @@ def test_the_gru_policy_refuses_another_optimizer():
     spec = replace(exp.spec("symmetric", 0, policy="gru", steps=2), optimizer="scale_free")
     with pytest.raises(ValueError, match="needs the tabular policy"):
         runner.train(spec)
+
+
+def _row(mode, k, shown, share, share_u):
+    block = {"shown": shown, "gain_share": share, "gain_share_u": share_u}
+    return {"mode": mode, "factor": k, "discovery": dict(block), "confirmation": dict(block)}
+
+
+def test_the_learning_margin_is_the_least_gain_where_every_fix_still_shows():
+    """toybench.step_sweep.margin: the smallest factor down to which every mode shows its fix
+    on both blocks (a factor below a gap does not count), and there the smaller arm's share."""
+    from toybench.step_sweep import margin
+
+    rows = [
+        _row("a", 1.0, True, 1.0, 0.9),
+        _row("a", 0.5, True, 0.85, 0.8),
+        _row("a", 0.3, False, 0.7, 0.7),
+        _row("a", 0.1, True, 0.4, 0.4),  # shown again below a gap: not counted
+        _row("b", 1.0, True, 1.0, 1.0),
+        _row("b", 0.5, True, 0.97, 0.98),
+        _row("b", 0.3, True, 0.95, 0.95),
+        _row("b", 0.1, True, 0.7, 0.7),
+    ]
+    assert margin(rows) == (0.5, 0.8)
+
+
+def test_the_step_sweep_refuses_bad_arguments_in_one_line(capsys):
+    from toybench.step_sweep import main
+
+    for argv, words in (
+        (["--seeds", "2"], "--seeds: must be >= 6"),
+        (["--jobs", "0"], "--jobs: must be >= 1"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert words in err and "\n" not in err

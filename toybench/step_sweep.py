@@ -19,7 +19,6 @@ the least a run learned in which the check still sees the failure modes.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from dataclasses import replace
@@ -148,11 +147,20 @@ def report(rows: list[dict], seeds: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m toybench.step_sweep", description=__doc__.split("\n\n")[0])
+    from dapo.cliargs import Int, OutFile, Parser
+
+    from .check_words import MIN_SEEDS
+
+    ap = Parser(prog="python -m toybench.step_sweep", description=__doc__.split("\n\n")[0])
     ap.add_argument("--lengths", action="store_true", help="print each mode's step length and stop")
-    ap.add_argument("--seeds", type=int, default=10, help="seeds per block (default 10)")
-    ap.add_argument("--out", help="write the report (markdown) here")
-    ap.add_argument("--jobs", type=int, default=None, help="worker processes (default: the CPU count)")
+    ap.add_argument(
+        "--seeds",
+        type=Int(lo=MIN_SEEDS, why="a block's fix effect needs that many seeds"),
+        default=10,
+        help=f"seeds per block, >= {MIN_SEEDS} (default 10)",
+    )
+    ap.add_argument("--out", type=OutFile(), help="write the report (markdown) here")
+    ap.add_argument("--jobs", type=Int(lo=1), default=None, help="worker processes (default: the CPU count)")
     args = ap.parse_args(argv)
     if args.lengths:
         for name, value in lengths().items():
@@ -160,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     text = report(sweep(args.seeds, jobs=args.jobs), args.seeds)
     if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
     print(text)
     return 0
 
