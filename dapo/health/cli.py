@@ -114,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a HealthConfig threshold, e.g. --set entropy_fail_frac=0.4",
     )
     p.add_argument(
+        "--eval-items",
+        type=Int(lo=1),
+        default=None,
+        metavar="N",
+        help="items in the evaluation set behind eval/score (an AIME set: 30): its noise is then "
+        "binomial, not estimated from the evaluations",
+    )
+    p.add_argument(
         "--knob",
         action="append",
         default=[],
@@ -269,7 +277,7 @@ def format_findings(
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    cfg = _config(args.set)
+    cfg = _config(args.set + ([f"eval_items={args.eval_items}"] if args.eval_items else []))
     if args.against and args.follow:
         raise UsageError("--against judges a whole log: not with --follow")
     references = _references(args.reference)  # checked even without --report: a typo is not ignored

@@ -9,10 +9,14 @@ from dataclasses import dataclass, fields
 @dataclass(frozen=True)
 class HealthConfig:
     """Thresholds of the rules. Fractions are of the metric's value at the start of the run;
-    windows are in training steps (the ``step`` of the log), never in log rows."""
+    windows are shares of the run's span in training steps (the ``step`` of the log), never
+    fixed counts of steps or rows."""
 
-    window: int = 10
-    """Training steps averaged for "start", "now" and "stays" judgements."""
+    window_frac: float = 0.125
+    """The share of a series' span (its first to its last logged step) averaged for "start",
+    "now" and "stays" judgements. An eighth: the trend rules compare the first and the last
+    window with at least six between them, and "now" is the run's last eighth (a fixed count
+    of steps made "now" 55% of a 40-row log, or 1% of a 1,000-step one)."""
     min_points: int = 3
     """Logged rows a window must hold: with sparse logging (every k steps) a window widens to
     ``min_points * k`` steps, so that one row is never a "window"."""
@@ -24,6 +28,11 @@ class HealthConfig:
     """Entropy below this fraction of its start (and staying there): warning."""
     entropy_fail_frac: float = 0.5
     """...below this fraction: failing (entropy collapse)."""
+    entropy_dead_frac: float = 0.05
+    """Entropy at or below this share of its start is at about 0: the policy repeats its own
+    samples, every group scores alike and nothing is left to learn from. Below the outcome's
+    ceiling and not rising, an unrecoverable state (failing whatever else). A convention (a
+    twentieth, i.e. 3 nats below the start), not fitted to any log."""
     entropy_explode_warn: float = 1.5
     """Entropy above this multiple of its start and still rising: warning (entropy explosion)."""
     entropy_explode_fail: float = 2.0
@@ -97,9 +106,15 @@ class HealthConfig:
     deviation) from the loss's median, and over 10x its median magnitude, is a spike."""
     loss_floor: float = 1.0
     """...and larger in magnitude than this."""
-    val_drop: float = 0.05
-    """Validation score (``eval/score``) below its best so far by more than this share of the
-    best (and by 0.01 at least) in the last two evaluations: warning; below its first: failing."""
+    eval_items: int = 0
+    """Items in the evaluation set (``dapo diagnose --eval-items``; 0: not known). Known, a
+    validation score in [0, 1] has binomial noise on that many items; unknown, its noise is
+    estimated from the evaluations themselves (five at least)."""
+    alpha_warn: float = 0.05
+    """The false-alarm rate of one level comparison that warns: a fall from a best, or a level
+    beyond a band, as large as a flat run of the metric's own noise shows this rarely."""
+    alpha_fail: float = 0.01
+    """...of one that fails."""
     grad_explode: float = 10.0
     """Gradient norm above this multiple of the run's robust level (median of the non-zero
     norms): a spike (one alone is evidence, two a warning); above ``10 * grad_explode``: failing."""
@@ -108,9 +123,6 @@ class HealthConfig:
     (5th to 95th percentile) as well as larger than its noise."""
     min_gain_rel: float = 0.01
     """...and at least this share of the outcome's magnitude (its largest absolute value)."""
-    flat_windows: int = 8
-    """A run of at least this many windows whose outcome never rose significantly from its first
-    to its last quarter is not learning (failing); shorter ones get a warning."""
     grad_zero_rows: int = 3
     """This many consecutive rows of a gradient norm of exactly 0: no gradient (warning);
     half the rows or more: failing."""
@@ -131,7 +143,9 @@ class HealthConfig:
                 raise ValueError(f"{f.name}: expected a finite number, got {value!r}")
             if value < 0:
                 raise ValueError(f"{f.name}: must be >= 0, got {value}")
-        for name in ("window", "min_points", "grad_zero_rows", "flat_windows", "zero_loss_rows"):
+        if not isinstance(self.eval_items, int):
+            raise ValueError(f"eval_items: must be an integer >= 0 (0: not known), got {self.eval_items}")
+        for name in ("min_points", "grad_zero_rows", "zero_loss_rows"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {getattr(self, name)}")
         for name in _FRACTIONS:
@@ -148,9 +162,11 @@ class HealthConfig:
 
 
 _FRACTIONS = (
+    "window_frac",
     "min_judged_frac",
     "entropy_warn_frac",
     "entropy_fail_frac",
+    "entropy_dead_frac",
     "uniform_warn",
     "uniform_fail",
     "floor_frac",
@@ -159,7 +175,8 @@ _FRACTIONS = (
     "skipped_fail_frac",
     "reward_drop_frac",
     "saturated_frac",
-    "val_drop",
+    "alpha_warn",
+    "alpha_fail",
     "min_gain_frac",
     "min_gain_rel",
 )
@@ -172,6 +189,7 @@ _MULTIPLES = (
     "drift_growth",
 )
 _ORDERED = (
+    ("entropy_dead_frac", "entropy_fail_frac"),
     ("entropy_fail_frac", "entropy_warn_frac"),
     ("entropy_explode_warn", "entropy_explode_fail"),
     ("uniform_warn", "uniform_fail"),
@@ -180,4 +198,5 @@ _ORDERED = (
     ("drift_warn", "drift_fail"),
     ("kl_ref_warn", "kl_ref_fail"),
     ("kl_ppo_warn", "kl_ppo_fail"),
+    ("alpha_fail", "alpha_warn"),
 )

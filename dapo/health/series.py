@@ -44,15 +44,18 @@ class Series:
         return self.steps[-1] - self.steps[0] + self.interval if self.steps else 0.0
 
     def window(self, c: HealthConfig) -> float:
-        """The window in steps: ``c.window``, or a quarter of the series for a log shorter than
-        four windows (an excerpt, a short run: its trend is judged on what it holds), and
-        always widened so that it holds ``c.min_points`` rows."""
-        steps = self.steps[-1] - self.steps[0] + self.interval if self.steps else 0.0
-        return max(min(float(c.window), steps / 4), c.min_points * self.interval)
+        """The window in steps: ``c.window_frac`` of the series' own span, widened so that it
+        holds ``c.min_points`` rows. A fraction of the run, not a count of steps or rows: the
+        same log thinned to every second row, or with its steps relabelled by a factor (an
+        epoch axis, steps estimated from epochs), gets the same windows over the same part of
+        the run, and "now" is the run's last eighth, not a quarter of a 40-row log."""
+        return max(self.span * c.window_frac, c.min_points * self.interval)
 
     def covers(self, c: HealthConfig, windows: float) -> bool:
         """Whether the series spans ``windows`` windows (and holds enough rows for them)."""
-        return len(self) >= windows * c.min_points and self.span >= windows * self.window(c)
+        # a relative tolerance: steps relabelled by a factor (0.01 per step) must not lose a
+        # window to rounding
+        return len(self) >= windows * c.min_points and self.span >= windows * self.window(c) * (1 - 1e-9)
 
     def head(self, c: HealthConfig) -> list[float]:
         """Values in the first window of steps, and at least its first ``c.min_points`` rows (a

@@ -16,6 +16,10 @@ from .series import Run
 STATUSES = ("healthy", "warning", "failing", "unknown")
 LEARNING = ("not_learning", "reward_collapse")
 """Rules that judge whether the run learns."""
+OUTCOME = ("not_learning", "reward_collapse", "validation")
+"""Rules that judge the run's outcome (reward, accuracy, validation score): whether the run
+fails at its job. Every other rule judges a mechanism (entropy, zero-gradient groups, clipping,
+truncation, KL, gradients, loss): evidence of why, and a knob."""
 STABILITY = ("gradients", "kl_blowup")
 """Rules that judge whether the updates are stable. The loss-spike rule is not one of them: a
 policy-gradient loss sits near 0 by construction (GRPO's is exactly 0 at the first update of a
@@ -41,6 +45,8 @@ class Finding:
     """Why the rule could not judge (``not logged`` / ``too few steps``), for unknown."""
     needs_steps: float | None = None
     """For ``too few steps``: the steps the rule needs to judge."""
+    fatal: bool = False
+    """Failing on its own, whatever the outcome (:attr:`.rules.base.Judgement.fatal`)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,9 @@ class Verdict:
     needs_steps: float | None = None
     """Inconclusive for too few steps: the fewest steps after which enough rules could judge
     (None when more steps would not do)."""
+    why: tuple[str, ...] = ()
+    """For failing: the rules that make it so, the outcome's first, then the mechanisms the
+    failing outcome follows (its causes) or the unrecoverable states."""
 
     def advice(self, logged: float) -> str:
         """What an inconclusive run needs, in a line (empty when steps would not help)."""
@@ -69,17 +78,28 @@ class Verdict:
 
     def headline(self) -> str:
         n = sum(len(v) for v in self.unknown.values())
+        status = f"{self.status}: {', '.join(self.why)}" if self.why else self.status
         if not n:
-            return f"{self.status} (all {self.judged} rules judged)"
+            return f"{status} (all {self.judged} rules judged)"
         why = ", ".join(f"{len(v)} {reason}" for reason, v in self.unknown.items())
-        return f"{self.status} ({n} of {self.judged + n} rules could not judge: {why})"
+        return f"{status} ({n} of {self.judged + n} rules could not judge: {why})"
 
 
 def diagnose(
     run: Run, config: HealthConfig = HealthConfig(), knobs: Knobs | None = None, rules: Sequence[Rule] = RULES
 ) -> list[Finding]:
-    """Apply every rule to ``run`` (sorted by step here). ``knobs``: the run's own settings where
-    known (:data:`dapo.health.rules.KNOBS`), which the advice takes into account."""
+    """Apply every rule to ``run`` (:func:`judge`), then the hierarchy of verdicts
+    (:func:`hierarchy`): "failing" means the run fails at its job. ``knobs``: the run's own
+    settings where known (:data:`dapo.health.rules.KNOBS`), which the advice takes into
+    account."""
+    return hierarchy(judge(run, config, knobs, rules))
+
+
+def judge(
+    run: Run, config: HealthConfig = HealthConfig(), knobs: Knobs | None = None, rules: Sequence[Rule] = RULES
+) -> list[Finding]:
+    """Each rule's own finding on ``run`` (sorted by step here), before the hierarchy: the
+    severity of the mechanism it judges, taken alone."""
     run = sorted(run, key=lambda r: r.get("step", 0))
     out = []
     for rule in rules:
@@ -94,17 +114,41 @@ def diagnose(
                 j.advice or rule.knob,
                 j.reason,
                 j.needs_steps,
+                j.fatal and j.status == "failing",
             )
         )
     return out
 
 
+def hierarchy(findings: Sequence[Finding]) -> list[Finding]:
+    """A mechanism rule's failing (entropy, zero-gradient groups, truncation, KL, gradients,
+    loss) stands when an outcome rule (:data:`OUTCOME`) fails too, as that failure's cause, or
+    when it is an unrecoverable state (``fatal``); otherwise it becomes a warning with its
+    evidence and knob, and the evidence says the outcome does not follow it."""
+    outcome = [f for f in findings if f.rule in OUTCOME and f.status != "unknown"]
+    if any(f.status == "failing" for f in outcome):
+        return list(findings)
+    said = "; ".join(f"{f.rule}: {f.status}" for f in outcome) if outcome else "no outcome logged or judged"
+    return [
+        replace(
+            f,
+            status="warning",
+            evidence=f"{f.evidence} [a warning: the outcome does not follow it ({said})]",
+        )
+        if f.status == "failing" and f.rule not in OUTCOME and not f.fatal
+        else f
+        for f in findings
+    ]
+
+
 def verdict(findings: Sequence[Finding], config: HealthConfig = HealthConfig()) -> Verdict:
-    """Failing or warning as soon as one judged rule says so (each rule's evidence stands on its
-    own); healthy when more than ``config.min_judged_frac`` of the rules could judge, or when a
-    rule on learning (:data:`LEARNING`) and one on stability (:data:`STABILITY`) could (what a
-    careful reader of a log without entropy or clip metrics still judges by: does it learn, are
-    its updates stable); otherwise inconclusive. The headline names what could not judge."""
+    """Failing or warning as soon as one judged rule says so (after :func:`hierarchy`, a
+    failing is an outcome that fails, with the mechanisms it follows, or an unrecoverable
+    state; :attr:`Verdict.why` names them); healthy when more than ``config.min_judged_frac``
+    of the rules could judge, or when a rule on learning (:data:`LEARNING`) and one on stability
+    (:data:`STABILITY`) could (what a careful reader of a log without entropy or clip metrics
+    still judges by: does it learn, are its updates stable); otherwise inconclusive. The
+    headline names what could not judge."""
     unknown: dict[str, list[str]] = {}
     for f in findings:
         if f.status == "unknown":
@@ -117,8 +161,13 @@ def verdict(findings: Sequence[Finding], config: HealthConfig = HealthConfig()) 
         status = "healthy"
     else:
         status = "inconclusive"
+    failing = [f for f in findings if f.status == "failing"]
+    why = tuple(
+        [f.rule for f in failing if f.rule in OUTCOME]
+        + [f"{f.rule} ({'unrecoverable' if f.fatal else 'cause'})" for f in failing if f.rule not in OUTCOME]
+    )
     return Verdict(
-        status, judged, unknown, _needs_steps(findings, config) if status == "inconclusive" else None
+        status, judged, unknown, _needs_steps(findings, config) if status == "inconclusive" else None, why
     )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..config import HealthConfig
+from ..noise import estimate, eval_sd, fall_quantile
 from ..series import Run, Series, logged, mean, series, stderr
 
 Knobs = Mapping[str, float | str | bool]
@@ -53,6 +54,11 @@ class Judgement:
     needs_steps: float | None = None
     """For ``too few steps``: the steps (first to last logged, at the log's interval) the rule
     needs to judge."""
+    fatal: bool = False
+    """A failing state the run cannot come back from whatever its outcome does (non-finite
+    values; no gradient anywhere for a sustained stretch below the outcome's ceiling; entropy at
+    about 0 below it): failing on its own. Any other failing of a mechanism rule stands only
+    when the outcome fails too (:func:`dapo.health.verdict.diagnose`)."""
 
 
 def unknown(reason: str, evidence: str) -> Judgement:
@@ -68,7 +74,7 @@ def too_few(s: Series, c: HealthConfig, windows: float, what: str) -> Judgement:
     return Judgement(
         "unknown",
         evidence=f"{what}: {len(s)} row(s) over {s.span:g} step(s); needs {windows:g} {plural} of "
-        f">= {s.window(c) if len(s) else c.window:g} steps with >= {c.min_points} rows each",
+        f">= {s.window(c) if len(s) else c.min_points:g} steps with >= {c.min_points} rows each",
         reason=TOO_FEW_STEPS,
         needs_steps=steps_needed(s.interval if len(s) > 1 else 1.0, c, windows),
     )
@@ -76,25 +82,38 @@ def too_few(s: Series, c: HealthConfig, windows: float, what: str) -> Judgement:
 
 def steps_needed(interval: float, c: HealthConfig, windows: float) -> float:
     """The fewest steps a series logged every ``interval`` steps must span to cover ``windows``
-    windows (:meth:`Series.covers`, the window widening with the series as it does)."""
-    n = math.ceil(windows * c.min_points)
-    while n * interval < windows * max(min(float(c.window), n * interval / 4), c.min_points * interval):
-        n += 1
-    return n * interval
+    windows (:meth:`Series.covers`: the window is a share of the span, so the rows decide)."""
+    return math.ceil(windows * c.min_points) * interval
 
 
-def start_and_now(run: Run, key: str, c: HealthConfig) -> tuple[Series, float, float] | Judgement:
-    """``key``'s series with the means of its first and last window, or the verdict when it
-    cannot be judged (not logged, too few steps, a start that is not positive)."""
+ORDERS = 10.0
+"""A first window whose values span this factor or more (an order of magnitude) holds a
+change, not a level: the start is then the first row, and the move is evidence of its own
+(issue 70: entropy 0.155 -> 4.6 within the first window read as a start of 4.98)."""
+
+
+def start_and_now(run: Run, key: str, c: HealthConfig) -> tuple[Series, float, float, str] | Judgement:
+    """``key``'s series with its start (the mean of the first window, or its first row when
+    the first window spans an order of magnitude: :data:`ORDERS`), the mean of its last window,
+    and a note on the start (empty unless it is the first row); or the verdict when it cannot
+    be judged (not logged, too few steps, a start that is not positive)."""
     s = series(run, key)
     if not s:
         return not_logged(key)
     if not s.covers(c, 2):
         return too_few(s, c, 2, key)
-    start = mean(s.head(c))
+    head = s.head(c)
+    start, note = mean(head), ""
+    lo, hi = min(head), max(head)
+    if lo > 0 and hi >= ORDERS * lo:
+        start = head[0]
+        note = (
+            f"; {key} moves {lo:.3g} .. {hi:.3g} within its first window: the start is its first row, "
+            f"{head[0]:.3g} at step {s.steps[0]:g}"
+        )
     if not start > 0:
         return Judgement("healthy", evidence=f"{key} starts at {start:.3g}")
-    return s, start, mean(s.tail(c))
+    return s, start, mean(s.tail(c)), note
 
 
 def outcome(run: Run) -> tuple[str, Series]:
@@ -155,15 +174,103 @@ def progress(run: Run, c: HealthConfig, since: float) -> tuple[str, str]:
     if top is not None and top >= c.saturated_frac:
         return "saturated", ev + f", at {top:.0%} of its range"
     val = series(run, "eval/score").after(since)
-    if len(val) >= 3 and val.values[-1] >= max(val.values) - val_margin(max(val.values), c):
+    if val_at_best(val, c):
         return "saturated", ev + f"; validation score {val.values[-1]:.3g}, at its best"
     return "stalled", ev + ", no longer rising"
 
 
-def val_margin(best: float, c: HealthConfig) -> float:
-    """How far below its best a validation score may be and still count as at its best:
-    ``val_drop`` of the best, and 0.01 at least."""
-    return max(0.01, c.val_drop * abs(best))
+def uniform_share(run: Run) -> Series:
+    """Share of groups with accuracy 0 or 1 (zero reward spread): logged directly, or
+    all-correct + all-wrong."""
+    s = series(run, "rollout/groups_uniform")
+    if s:
+        return s
+    a, b = series(run, "rollout/groups_all_correct"), series(run, "rollout/groups_all_wrong")
+    both = dict(zip(a.steps, a.values))
+    pairs = [(x, both[x] + v) for x, v in zip(b.steps, b.values) if x in both]
+    return Series([p[0] for p in pairs], [p[1] for p in pairs])
+
+
+def at_ceiling(run: Run, c: HealthConfig) -> bool | None:
+    """Whether the outcome's last window is at its ceiling (``saturated_frac`` of its range or
+    above). The range is that of :func:`saturation` (accuracy, or the logged reward bounds); a
+    reward that never leaves [0, 1] is read as a pass rate (the stated assumption of a 0/1
+    grader). None when the range is not known."""
+    name, out = outcome(run)
+    if not out:
+        return None
+    now = mean(out.tail(c))
+    top = saturation(run, name, now)
+    if top is None and min(out.values) >= 0 and max(out.values) <= 1:
+        top = now
+    return None if top is None else top >= c.saturated_frac
+
+
+def saturating(run: Run, c: HealthConfig) -> bool | None:
+    """Whether groups that all score alike are all *right*: the outcome at its ceiling
+    (:func:`at_ceiling`), or the share of such groups moving with the outcome (correlation
+    above 0.5 over the rows both are logged: more uniform groups when the reward is higher
+    means all-right groups; all-wrong ones move against it). None when neither tells."""
+    ceiling = at_ceiling(run, c)
+    if ceiling:
+        return True
+    _, out = outcome(run)
+    share = uniform_share(run)
+    pairs = dict(zip(share.steps, share.values))
+    xy = [(v, pairs[x]) for x, v in zip(out.steps, out.values) if x in pairs]
+    if len(xy) >= 2 * c.min_points and _correlation([a for a, _ in xy], [b for _, b in xy]) > 0.5:
+        return True
+    return ceiling
+
+
+def _correlation(x: Sequence[float], y: Sequence[float]) -> float:
+    mx, my = mean(x), mean(y)
+    sxy = math.fsum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx, syy = math.fsum((a - mx) ** 2 for a in x), math.fsum((b - my) ** 2 for b in y)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else 0.0
+
+
+SATURATED_ADVICE = (
+    "saturated: most groups are all right, so they carry no gradient; dynamic sampling "
+    "(algo.dynamic_sampling=true) keeps the batch full of groups that teach, or use harder prompts "
+    "(filter the data by pass rate)"
+)
+
+
+def no_gradient(run: Run, c: HealthConfig, zeros: Series, what: str) -> Judgement | None:
+    """A judgement on rows where ``zeros`` (a gradient norm, or advantages) is exactly 0, or None
+    when fewer than half the rows of its last window are. At the outcome's ceiling: saturation,
+    a warning with dynamic sampling as the knob. Every row of the last two windows 0 (a quarter
+    of the run, no gradient at all), the outcome not rising and not at its ceiling: an
+    unrecoverable state (failing whatever else). Otherwise a warning."""
+    if not zeros.covers(c, 2) or mean([float(v == 0) for v in zeros.tail(c)]) <= 0.5:
+        return None
+    at = [x for x, v in zip(zeros.steps, zeros.values) if v == 0]
+    ev = f"{what} exactly 0 in {len(at)} of {len(zeros)} rows"
+    ceiling = at_ceiling(run, c)
+    if ceiling:
+        return Judgement(
+            "warning", at[0], ev + "; the outcome is at its ceiling: saturated", SATURATED_ADVICE
+        )
+    recent = zeros.recent(c)
+    if len(recent) >= 2 * c.min_points and all(v == 0 for v in recent.values) and not learns(run, c):
+        where = "below its ceiling" if ceiling is False else "not rising"
+        return Judgement(
+            "failing", at[0], ev + f"; none in the last quarter of the run, the outcome {where}", fatal=True
+        )
+    return Judgement("warning", at[0], ev)
+
+
+def val_at_best(val: Series, c: HealthConfig) -> bool:
+    """Whether a validation score's last two evaluations are at its best: below the best before
+    them by no more than a flat run of the score's own noise falls by chance at ``alpha_warn``
+    (what the validation rule calls a fall). False with fewer than three evaluations or no
+    noise to judge by."""
+    if len(val) < 3 or (noise := eval_sd(val.values, c.eval_items)) is None:
+        return False
+    before = val.values[:-2]
+    fall = max(before) - mean(val.values[-2:])
+    return fall <= fall_quantile(len(before), 2, c.alpha_warn) * noise[0]
 
 
 def effect(s: Series, c: HealthConfig, *, smoothed: bool = True) -> float:
@@ -210,7 +317,10 @@ def spike_status(
     if not spikes:
         return "healthy", ""
     recurring = len(spikes) > max(1.0, 0.05 * len(s))
-    if not is_spike(statistics.median(s.tail(c))) and learns(run, c):
+    calm = not is_spike(statistics.median(s.tail(c))) and not is_spike(
+        statistics.median(s.values[-c.min_points :])
+    )
+    if calm and learns(run, c):
         why = "; transient (the last window's median is normal) and the run kept learning"
         return ("warning", why) if recurring else ("healthy", ", isolated" + why)
     if blowup or recurring:
@@ -219,15 +329,21 @@ def spike_status(
 
 
 def gain(s: Series) -> tuple[float, float]:
-    """(last quarter's mean - first quarter's, the standard error of that difference). A quarter
-    of one row has no spread of its own: then the noise is the whole series' (a difference of
-    two single rows is never significant by construction)."""
+    """(last quarter's mean - first quarter's, the standard error of that difference). The
+    error is that of the series' own noise around its course, autocorrelation folded in
+    (:func:`~dapo.health.noise.estimate`); below five rows, or a quarter of one row, the
+    quarters' own spread (the whole series' for one row: a difference of two single rows is
+    never significant by construction)."""
     q = max(1, len(s) // 4)
     first, last = s.values[:q], s.values[-q:]
+    g = mean(last) - mean(first)
+    noise = estimate(s.values)
+    if noise is not None and noise.sd > 0:
+        return g, noise.se_diff(q, q)
     if q < 2:
         sd = statistics.stdev(s.values) if len(s) > 1 else 0.0
-        return mean(last) - mean(first), sd * (2 / q) ** 0.5
-    return mean(last) - mean(first), (stderr(first) ** 2 + stderr(last) ** 2) ** 0.5
+        return g, sd * (2 / q) ** 0.5
+    return g, (stderr(first) ** 2 + stderr(last) ** 2) ** 0.5
 
 
 def worse(status: str, than: str) -> str:

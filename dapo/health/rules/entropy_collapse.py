@@ -15,19 +15,19 @@ from __future__ import annotations
 
 from ..config import HealthConfig
 from ..series import Run, mean, series
-from .base import Judgement, Knobs, Rule, learns, progress, start_and_now
+from .base import Judgement, Knobs, Rule, at_ceiling, learns, progress, start_and_now
 
 
 def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     judged = start_and_now(run, "actor/entropy", c)
     if isinstance(judged, Judgement):
         return judged
-    s, start, now = judged
+    s, start, now, note = judged
     frac = now / start
     status = (
         "failing" if frac < c.entropy_fail_frac else "warning" if frac < c.entropy_warn_frac else "healthy"
     )
-    ev = f"entropy {start:.3f} -> {now:.3f} ({frac:.0%} of start)"
+    ev = f"entropy {start:.3f} -> {now:.3f} ({frac:.0%} of start)" + note
     if status == "healthy":
         return Judgement(status, evidence=ev)
     threshold = c.entropy_fail_frac if status == "failing" else c.entropy_warn_frac
@@ -44,6 +44,9 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
         return Judgement(
             "healthy", evidence=ev + "; the run learned before it levelled off: moderate sharpening"
         )
+    if frac <= c.entropy_dead_frac and at_ceiling(run, c) is not True:  # deterministic on its own samples
+        ev += f": at about 0 (at most {c.entropy_dead_frac:.0%} of its start) below the outcome's ceiling"
+        return Judgement("failing", since, ev, _advice(run, knobs), fatal=True)
     return Judgement(status, since, ev, _advice(run, knobs))
 
 

@@ -13,12 +13,14 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     judged = start_and_now(run, "actor/entropy", c)
     if isinstance(judged, Judgement):
         return judged
-    s, start, now = judged
+    s, start, now, note = judged
     ratio = now / start
     recent = s.recent(c)
     rising = slope(recent.steps, recent.values) > 0
-    ev = f"entropy {start:.3f} -> {now:.3f} ({ratio:.2f}x its start)" + (
-        ", still rising" if rising and ratio > 1 else ""
+    ev = (
+        f"entropy {start:.3f} -> {now:.3f} ({ratio:.2f}x its start)"
+        + (", still rising" if rising and ratio > 1 else "")
+        + note
     )
     if ratio >= c.entropy_explode_fail:
         status = "failing"

@@ -13,7 +13,7 @@ import statistics
 
 from ..config import HealthConfig
 from ..series import Run, nonfinite_steps, series
-from .base import Judgement, Knobs, Rule, not_logged, spike_status, worse
+from .base import Judgement, Knobs, Rule, no_gradient, not_logged, spike_status, worse
 
 
 def _zero_runs(steps: list[float], values: list[float], min_len: int) -> list[tuple[float, int]]:
@@ -41,9 +41,10 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
         nonlocal since
         since = step if since is None else min(since, step)
 
+    fatal, advice_zero = False, None
     if bad:
         parts.append(f"grad norm non-finite at {len(bad)} step(s), first {bad[0]:g}")
-        status = "failing"
+        status, fatal = "failing", True
         at(bad[0])
     total_skipped = sum(skipped.values)
     if total_skipped:
@@ -52,6 +53,7 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
             f"{total_skipped:.0f} optimizer step(s) skipped for non-finite loss/gradient ({share:.1%})"
         )
         status = worse(status, "failing" if share > c.skipped_fail_frac else "warning")
+        fatal = fatal or share > c.skipped_fail_frac
         at(next(x for x, s in zip(skipped.steps, skipped.values) if s > 0))
     if gn:
         nonzero = [v for v in gn.values if v != 0]
@@ -60,7 +62,11 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
         if zero_runs:
             longest = max(n for _, n in zero_runs)
             parts.append(f"grad norm exactly 0 in {zeros} of {len(gn)} rows (longest run {longest} rows)")
-            status = worse(status, "failing" if zeros >= len(gn) / 2 else "warning")
+            found = no_gradient(run, c, gn, "grad norm")
+            status = worse(status, found.status if found is not None else "warning")
+            fatal = fatal or (found is not None and found.fatal)
+            if found is not None and found.advice:
+                advice_zero = found.advice
             at(zero_runs[0][0])
         if len(nonzero) >= c.min_points:
             level = statistics.median(nonzero)
@@ -81,11 +87,17 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
                     at(spikes[0][0])
     advice = None
     if zero_runs and not spikes and not bad:
-        advice = (
+        advice = advice_zero or (
             "a gradient of exactly 0 means no token carried a signal: every group uniform (see vanishing "
             "signal / not learning) or the loss is detached"
         )
-    return Judgement(status, since, "; ".join(parts) or "gradients finite and stable", advice)
+    return Judgement(
+        status,
+        since,
+        "; ".join(parts) or "gradients finite and stable",
+        advice,
+        fatal=fatal and status == "failing",
+    )
 
 
 RULE = Rule(

@@ -39,7 +39,7 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     present = [k for k in KL_METRICS if series(run, k) or nonfinite_steps(run, k)]
     if not present:
         return not_logged(*KL_METRICS)
-    status, since, parts = "healthy", None, []
+    status, since, parts, fatal = "healthy", None, [], False
 
     def at(step: float) -> None:
         nonlocal since
@@ -50,7 +50,7 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
         warn, fail = _ceilings(key, c)
         if bad:
             parts.append(f"{key} non-finite at {len(bad)} step(s), first {bad[0]:g}")
-            status = "failing"
+            status, fatal = "failing", True
             at(bad[0])
         if not s:
             continue
@@ -88,7 +88,7 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     advice = None
     if status != "healthy" and isinstance(knobs.get("lr"), float):
         advice = f"lower train.lr (now {knobs['lr']:g}); look at the batch of the step it started"
-    return Judgement(status, since if status != "healthy" else None, "; ".join(parts), advice)
+    return Judgement(status, since if status != "healthy" else None, "; ".join(parts), advice, fatal=fatal)
 
 
 RULE = Rule(

@@ -18,7 +18,9 @@ from .base import Judgement, Knobs, Rule, not_logged, spike_status, too_few
 def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     s, bad = series(run, "actor/loss"), nonfinite_steps(run, "actor/loss")
     if bad:
-        return Judgement("failing", bad[0], f"loss non-finite at {len(bad)} step(s), first {bad[0]:g}")
+        return Judgement(
+            "failing", bad[0], f"loss non-finite at {len(bad)} step(s), first {bad[0]:g}", fatal=True
+        )
     if not s:
         return not_logged("actor/loss")
     if not s.covers(c, 2):

@@ -2,8 +2,9 @@
 floor every group is all-wrong and gives no gradient; at the ceiling there is nothing left to
 learn. A level needs one row (one step whose every group is all wrong already says there is no
 gradient); a trend needs windows: an outcome that does not rise from the first to the last
-quarter (of a run of two windows or more) is a warning, and failing over a long run
-(``flat_windows`` windows or more); flat at ``saturated_frac`` of its range or above, it is at the
+quarter (of a run of two windows or more) is a warning, and failing where the absence of a rise
+that counts is shown against the run's own noise (the gain's upper bound at ``alpha_fail`` below
+one row's own scatter, the least rise a log can show, each quarter holding two windows' rows); flat at ``saturated_frac`` of its range or above, it is at the
 ceiling (a warning, as the other rules call it converged). The absence of a rise must be shown, not assumed: where the
 change is no significant rise but a rise that counts (:func:`~.base.effect`) still lies within
 one standard error of it, the rule cannot judge yet (a few noisy rows say neither). A rise
@@ -16,8 +17,10 @@ else a warning (it stopped improving short of its ceiling, or where its range is
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 from ..config import HealthConfig
+from ..noise import estimate
 from ..series import Run, mean, series, stderr
 from .base import (
     TOO_FEW_STEPS,
@@ -107,10 +110,19 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
             if top is not None and top >= c.saturated_frac:  # flat at the top: converged
                 parts.append(f"not rising, at {top:.0%} of its range (the ceiling)")
                 return Judgement("warning", main.steps[len(main) // 2], "; ".join(parts), _ceiling)
-            long = main.covers(c, c.flat_windows)
-            why = f" (not rising over {main.span:g} steps)" if long else " (not rising)"
+            z = NormalDist().inv_cdf(1 - c.alpha_fail)
+            # no rise of a row's own scatter, at alpha_fail, each quarter's mean on two windows' rows
+            rows = estimate(main.values)
+            absent = max(absent, rows.sd if rows is not None else 0.0)
+            shown = g + z * noise < absent and len(main) >= 8 * c.min_points
+            why = (
+                f" (not rising over {main.span:g} steps: the rise's upper bound {g + z * noise:.2g} is below "
+                f"{absent:.2g}, the least that counts)"
+                if shown
+                else " (not rising)"
+            )
             return Judgement(
-                "failing" if long else "warning", main.steps[len(main) // 2], "; ".join(parts) + why
+                "failing" if shown else "warning", main.steps[len(main) // 2], "; ".join(parts) + why
             )
     return Judgement("healthy", evidence="; ".join(parts))
 

@@ -1,13 +1,26 @@
 """Validation score falling: the held-out score (``eval/score``: verl's ``val-core/*/mean@N``,
-TRL's ``eval_reward``, this project's ``eval/avg@k``) below its best so far in the last two
-evaluations by more than ``val_drop`` of the best (and 0.01 at least): warning; the latest
-below the first evaluation by that margin: failing. Needs three evaluations."""
+TRL's ``eval_reward``, this project's ``eval/avg@k``), judged against its own noise.
+
+The noise of one evaluation is binomial where the number of items is known
+(``--eval-items``), else estimated from the evaluations (:func:`~dapo.health.noise.eval_sd`;
+fewer than five and no item count: the rule cannot judge). The best evaluation before the last
+two was picked as the highest of ``B``: a flat run's best sits above its level by chance, so
+the fall from it to the mean of the last two counts only beyond the ``1 - alpha`` quantile of
+that very statistic for a flat run (:func:`~dapo.health.noise.fall_quantile`). Beyond it at
+``alpha_warn``: warning; beyond it at ``alpha_fail`` and the last two also below the *first*
+evaluation by a one-sided ``alpha_fail`` test: failing (the run ended worse than it began).
+Issue 70's case: 20 logs of a flat true score of 0.30 on 30 items called failing 12 times by
+the fixed 5% drop; ``tests/test_health_noise.py`` holds the new rate."""
 
 from __future__ import annotations
 
+import math
+from statistics import NormalDist
+
 from ..config import HealthConfig
-from ..series import Run, series
-from .base import TOO_FEW_STEPS, Judgement, Knobs, Rule, not_logged, unknown, val_margin
+from ..noise import eval_sd, fall_quantile
+from ..series import Run, mean, series
+from .base import TOO_FEW_STEPS, Judgement, Knobs, Rule, not_logged, unknown
 
 
 def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
@@ -16,18 +29,39 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
         return not_logged("eval/score")
     if len(s) < 3:
         return unknown(TOO_FEW_STEPS, f"eval/score: {len(s)} evaluation(s); needs 3")
-    best_i = max(range(len(s)), key=lambda i: s.values[i])
-    best, first, last = s.values[best_i], s.values[0], s.values[-1]
-    margin = val_margin(best, c)
+    noise = eval_sd(s.values, c.eval_items)
+    if noise is None:
+        return unknown(
+            TOO_FEW_STEPS,
+            f"eval/score: {len(s)} evaluations, too few to estimate their noise (needs 5, or "
+            "--eval-items to know it)",
+        )
+    sd, how = noise
+    before = s.values[:-2]
+    best_i = max(range(len(before)), key=lambda i: before[i])
+    best, first, now = before[best_i], s.values[0], mean(s.values[-2:])
     ev = (
         f"validation score {first:.3g} at step {s.steps[0]:g}, best {best:.3g} at step {s.steps[best_i]:g}, "
-        f"last {last:.3g} ({len(s)} evaluations)"
+        f"last two {now:.3g} ({len(s)} evaluations; noise {sd:.2g} per evaluation, {how})"
     )
-    if last < first - margin:
-        return Judgement("failing", s.steps[best_i], ev + ": below the first evaluation")
-    if best_i < len(s) - 2 and all(v < best - margin for v in s.values[-2:]):
-        return Judgement("warning", s.steps[best_i], ev + ": below its best in the last two")
-    return Judgement("healthy", evidence=ev)
+    if sd <= 0:
+        return Judgement("healthy", evidence=ev + ": no noise to judge a fall against")
+    fall = (best - now) / sd
+    warn, fail = (fall_quantile(len(before), 2, a) for a in (c.alpha_warn, c.alpha_fail))
+    below_first = (first - now) / (sd * math.sqrt(1.5)) > NormalDist().inv_cdf(1 - c.alpha_fail)
+    if fall > fail and below_first:
+        return Judgement(
+            "failing",
+            s.steps[best_i],
+            ev + f": {fall:.1f} sd below its best (counts from {fail:.1f}), below the first",
+        )
+    if fall > warn:
+        return Judgement(
+            "warning", s.steps[best_i], ev + f": {fall:.1f} sd below its best (counts from {warn:.1f})"
+        )
+    return Judgement(
+        "healthy", evidence=ev + f": {fall:.1f} sd below its best (a fall counts from {warn:.1f})"
+    )
 
 
 RULE = Rule(

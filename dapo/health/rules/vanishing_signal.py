@@ -11,29 +11,21 @@ advantages is no evidence, and one while the outcome rises only a warning."""
 from __future__ import annotations
 
 from ..config import HealthConfig
-from ..series import Run, Series, mean, series, slope
-from .base import Judgement, Knobs, Rule, learns, not_logged, too_few
-
-
-def uniform_share(run: Run) -> Series:
-    """Share of groups with accuracy 0 or 1: logged directly, or all-correct + all-wrong."""
-    s = series(run, "rollout/groups_uniform")
-    if s:
-        return s
-    a, b = series(run, "rollout/groups_all_correct"), series(run, "rollout/groups_all_wrong")
-    both = dict(zip(a.steps, a.values))
-    pairs = [(x, both[x] + v) for x, v in zip(b.steps, b.values) if x in both]
-    return Series([p[0] for p in pairs], [p[1] for p in pairs])
-
-
-def _zero_grads(run: Run, c: HealthConfig) -> tuple[float | None, str]:
-    """(first step, evidence) when most recent gradient norms are exactly 0, else (None, "")."""
-    gn = series(run, "actor/grad_norm")
-    if not gn.covers(c, 2) or mean([float(v == 0) for v in gn.tail(c)]) <= 0.5:
-        return None, ""
-    zeros = [x for x, v in zip(gn.steps, gn.values) if v == 0]
-    return zeros[0], f"grad norm exactly 0 in {len(zeros)} of {len(gn)} rows"
-
+from ..series import Run, mean, series, slope
+from .base import (
+    SATURATED_ADVICE,
+    SEVERITY,
+    Judgement,
+    Knobs,
+    Rule,
+    at_ceiling,
+    learns,
+    no_gradient,
+    not_logged,
+    saturating,
+    too_few,
+    uniform_share,
+)
 
 SIGNS = ("actor/grad_norm", "rollout/reward_std", "rollout/advantage_abs_max", "rollout/advantage_std")
 """Metrics whose non-zero value shows that an update had a gradient."""
@@ -63,7 +55,7 @@ def _zero_loss(run: Run, c: HealthConfig) -> Judgement | None:
     )
     if learns(run, c):
         return Judgement("warning", steps[0], ev + "; the outcome still rises: log the gradient norm to tell")
-    return Judgement("failing", steps[0], ev + ": no learning signal")
+    return Judgement("failing", steps[0], ev + ": no learning signal", fatal=at_ceiling(run, c) is not True)
 
 
 def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
@@ -72,18 +64,20 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     if zero is None or (found.status in ("warning", "failing")):
         return found
     if found.status == "healthy":
-        zero = Judgement(zero.status, zero.since, f"{found.evidence}; {zero.evidence}", zero.advice)
+        zero = Judgement(
+            zero.status, zero.since, f"{found.evidence}; {zero.evidence}", zero.advice, fatal=zero.fatal
+        )
     return zero
 
 
 def _signal(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     share, rounds = uniform_share(run), series(run, "sampling/rounds")
     under, adv = series(run, "sampling/underfilled"), series(run, "rollout/advantage_abs_max")
-    zero_at, zero_ev = _zero_grads(run, c)
+    zero = no_gradient(run, c, series(run, "actor/grad_norm"), "grad norm")
     ds_active = (bool(rounds) and max(rounds.values) > 1) or knobs.get("dynamic_sampling") is True
     if not (share.covers(c, 2) or rounds.covers(c, 2) or adv.covers(c, 2)):
-        if zero_at is not None:  # no gradient at all says it directly
-            return Judgement("failing", zero_at, zero_ev)
+        if zero is not None:  # no gradient at all says it directly
+            return zero
         if share and not ds_active and mean(share.tail(c)) >= c.uniform_fail:  # a level: one row says it
             return Judgement(
                 "failing",
@@ -104,14 +98,16 @@ def _signal(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
             status = "warning"
         if status != "healthy":
             since = share.onset(c, lambda v: v >= c.uniform_warn)
-    if adv.covers(c, 2):
-        zero = [x for x, v in zip(adv.steps, adv.values) if v == 0]
-        parts.append(f"advantages exactly 0 in {len(zero)} of {len(adv)} rows")
-        if mean([float(v == 0) for v in adv.tail(c)]) > 0.5:
-            status, since = "failing", since if since is not None else zero[0]
-    if zero_at is not None:
-        parts.append(zero_ev)
-        status, since = "failing", since if since is not None else zero_at
+    fatal, advice = False, None
+    if share.covers(c, 2) and status != "healthy" and saturating(run, c):
+        status, advice = "warning", SATURATED_ADVICE
+        parts[-1] += ", moving with the outcome to its ceiling: saturated"
+    for found in (zero, no_gradient(run, c, adv, "advantages") if adv.covers(c, 2) else None):
+        if found is not None:
+            parts.append(found.evidence)
+            if SEVERITY[found.status] >= SEVERITY[status]:
+                status, fatal, advice = found.status, found.fatal, found.advice or advice
+            since = since if since is not None else found.since
     if rounds.covers(c, 2):
         r_now = mean(rounds.tail(c))
         parts.append(f"dynamic-sampling rounds {mean(rounds.head(c)):.1f} -> {r_now:.1f}")
@@ -123,13 +119,12 @@ def _signal(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
         elif ds_active and r_now >= c.rounds_warn and slope(recent.steps, recent.values) > 0:
             if status == "healthy":
                 status, since = "warning", rounds.onset(c, lambda v: v >= c.rounds_warn)
-    advice = None
     if status != "healthy" and ds_active:
         advice = (
             "dynamic sampling is already on: filter the data by pass rate (drop prompts always solved "
             "or never solved) or raise algo.max_gen_rounds"
         )
-    return Judgement(status, since, "; ".join(parts), advice)
+    return Judgement(status, since, "; ".join(parts), advice, fatal=fatal and status == "failing")
 
 
 RULE = Rule(
