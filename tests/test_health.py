@@ -148,15 +148,20 @@ def test_vanishing_signal_with_and_without_dynamic_sampling():
 
 def test_zero_gradients_are_vanishing_signal_even_when_nothing_else_says_so():
     run = [{"step": i, "actor/grad_norm": 0.0 if i >= 10 else 0.4} for i in range(40)]
-    f = status(run, "vanishing_signal")
-    assert f.status == "failing" and f.start_step == 10 and "grad norm exactly 0 in 30 of 40" in f.evidence
+    f = status(run, "vanishing_signal")  # no outcome logged: below its ceiling is not shown
+    assert f.status == "warning" and f.start_step == 10 and "grad norm exactly 0 in 30 of 40" in f.evidence
+    stuck = [{**r, "rollout/reward_mean": 0.3 + 0.01 * (r["step"] % 3)} for r in run]
+    f = status(stuck, "vanishing_signal")  # a pass rate stuck at 0.3: unrecoverable
+    assert f.status == "failing" and f.fatal and "below its ceiling" in f.evidence
     assert status([{**r, "actor/grad_norm": 0.4} for r in run], "vanishing_signal").status == "unknown"
 
 
 def test_zero_advantages_are_vanishing_signal():
     run = [{"step": i, "rollout/advantage_abs_max": 0.0 if i >= 20 else 1.5} for i in range(40)]
     f = status(run, "vanishing_signal")
-    assert f.status == "failing" and f.start_step == 20 and "advantages exactly 0 in 20 of 40" in f.evidence
+    assert f.status == "warning" and f.start_step == 20 and "advantages exactly 0 in 20 of 40" in f.evidence
+    stuck = [{**r, "rollout/accuracy": 0.3 + 0.01 * (r["step"] % 3)} for r in run]
+    assert status(stuck, "vanishing_signal").status == "failing"
 
 
 def test_not_learning_at_the_floor_is_failing_never_healthy():
@@ -497,7 +502,10 @@ def test_verdict_inconclusive_when_most_rules_cannot_judge():
     v = verdict(diagnose(cut))  # a mechanism alone, no outcome to follow it: a warning
     assert v.status == "warning" and not v.why
     rng = random.Random(0)
-    flat = [{"step": i, "rollout/truncation_rate": 1.0, "rollout/reward_mean": 0.3 + rng.gauss(0, 0.01)} for i in range(80)]
+    flat = [
+        {"step": i, "rollout/truncation_rate": 1.0, "rollout/reward_mean": 0.3 + rng.gauss(0, 0.01)}
+        for i in range(80)
+    ]
     v = verdict(diagnose(flat))  # the outcome fails: failing, with truncation as its cause
     assert v.status == "failing" and v.why == ("not_learning", "truncation_noise (cause)")
 

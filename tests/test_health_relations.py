@@ -5,7 +5,7 @@ own noise added) and what must (a collapse appended; the run cut at its best is 
 Relabelling is exact (windows are shares of the run). Thinning halves the evidence and adding
 noise moves a statistic, so a verdict that sits at a threshold may move one level; the tests
 hold that it never moves two (healthy <-> failing) and that it holds on at least 85% of the
-logs (measured when written: 26 of 30 thinned, 38 of 42 noised; the flips are named in
+logs (measured on the 72 logs before held-out-6 and -7: 26 of 30 thinned, 38 of 42 noised;
 docs/results/diagnose-calibration.md)."""
 
 import json

@@ -241,8 +241,8 @@ def no_gradient(run: Run, c: HealthConfig, zeros: Series, what: str) -> Judgemen
     """A judgement on rows where ``zeros`` (a gradient norm, or advantages) is exactly 0, or None
     when fewer than half the rows of its last window are. At the outcome's ceiling: saturation,
     a warning with dynamic sampling as the knob. Every row of the last two windows 0 (a quarter
-    of the run, no gradient at all), the outcome not rising and not at its ceiling: an
-    unrecoverable state (failing whatever else). Otherwise a warning."""
+    of the run, no gradient at all), the outcome logged, not rising and known to be below its
+    ceiling: an unrecoverable state (failing whatever else). Otherwise a warning."""
     if not zeros.covers(c, 2) or mean([float(v == 0) for v in zeros.tail(c)]) <= 0.5:
         return None
     at = [x for x, v in zip(zeros.steps, zeros.values) if v == 0]
@@ -253,10 +253,17 @@ def no_gradient(run: Run, c: HealthConfig, zeros: Series, what: str) -> Judgemen
             "warning", at[0], ev + "; the outcome is at its ceiling: saturated", SATURATED_ADVICE
         )
     recent = zeros.recent(c)
-    if len(recent) >= 2 * c.min_points and all(v == 0 for v in recent.values) and not learns(run, c):
-        where = "below its ceiling" if ceiling is False else "not rising"
+    if (
+        ceiling is False
+        and len(recent) >= 2 * c.min_points
+        and all(v == 0 for v in recent.values)
+        and not learns(run, c)
+    ):
         return Judgement(
-            "failing", at[0], ev + f"; none in the last quarter of the run, the outcome {where}", fatal=True
+            "failing",
+            at[0],
+            ev + "; none in the last quarter of the run, the outcome below its ceiling",
+            fatal=True,
         )
     return Judgement("warning", at[0], ev)
 

@@ -55,7 +55,9 @@ def _zero_loss(run: Run, c: HealthConfig) -> Judgement | None:
     )
     if learns(run, c):
         return Judgement("warning", steps[0], ev + "; the outcome still rises: log the gradient norm to tell")
-    return Judgement("failing", steps[0], ev + ": no learning signal", fatal=at_ceiling(run, c) is not True)
+    if at_ceiling(run, c) is not False:  # the outcome not logged, or at its ceiling: below it is not shown
+        return Judgement("warning", steps[0], ev + "; no outcome below its ceiling is logged beside it")
+    return Judgement("failing", steps[0], ev + ": no learning signal", fatal=True)
 
 
 def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
