@@ -50,13 +50,13 @@ class Noise:
 
 
 def smooth(values: Sequence[float], k: int) -> list[float]:
-    """Centred moving mean over ``k`` rows (fewer at the ends)."""
-    h = k // 2
-    out = []
-    for i in range(len(values)):
-        part = values[max(0, i - h) : i + h + 1]
-        out.append(math.fsum(part) / len(part))
-    return out
+    """Centred moving mean over ``k`` rows (fewer at the ends), from running sums: O(n)."""
+    h, n = k // 2, len(values)
+    sums = [0.0, *itertools.accumulate(values)]
+    return [
+        (sums[min(n, i + h + 1)] - sums[max(0, i - h)]) / (min(n, i + h + 1) - max(0, i - h))
+        for i in range(n)
+    ]
 
 
 def estimate(values: Sequence[float]) -> Noise | None:
