@@ -85,6 +85,33 @@ def test_a_real_fall_of_the_evaluation_is_found():
     assert said.count("failing") >= 18, said
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 30), min_size=3, max_size=14),
+    st.sampled_from([0, 30]),
+)
+def test_validation_and_its_at_best_reading_are_one_judgement(correct, items):
+    """The validation rule and the not-learning rule's "validation at its best" share one fall
+    (noise.fall_from_best): the rule says healthy exactly when the score is at its best, for
+    any evaluations, with or without --eval-items; and a fall never counts less at a looser
+    alpha."""
+    from dapo.health.noise import fall_from_best
+    from dapo.health.rules.base import val_at_best
+    from dapo.health.series import series
+
+    rows = [{"step": 10 * (i + 1), "eval/score": k / 30} for i, k in enumerate(correct)]
+    c = HealthConfig(eval_items=items)
+    fall = fall_from_best([r["eval/score"] for r in rows], items)
+    status = finding(rows, "validation", eval_items=items).status
+    if fall is None:
+        assert status == "unknown" and not val_at_best(series(rows, "eval/score"), c)
+        return
+    if fall.sd > 0:
+        assert (status == "healthy") == val_at_best(series(rows, "eval/score"), c), (status, fall)
+    before = len(rows) - 2
+    assert fall.beyond(0.05, before) or not fall.beyond(0.01, before)
+
+
 # ---- the verdict hierarchy -------------------------------------------------------------------------
 
 

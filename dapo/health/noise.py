@@ -129,3 +129,41 @@ def eval_sd(values: Sequence[float], items: int) -> tuple[float, str] | None:
     if noise is None:
         return None
     return noise.se(1), f"estimated from the {len(values)} evaluations"
+
+
+@dataclass(frozen=True)
+class Fall:
+    """A validation score's fall from its best evaluation before the last two to the mean of
+    the last two, in units of one evaluation's noise (:func:`fall_from_best`)."""
+
+    sd: float
+    """One evaluation's noise (:func:`eval_sd`)."""
+    how: str
+    """How ``sd`` was had, for the evidence."""
+    best: int
+    """The index of the best evaluation before the last two."""
+    now: float
+    """The mean of the last two evaluations."""
+    z: float
+    """(best - now) / sd; with no noise, 0 for no fall and infinity for any."""
+
+    def beyond(self, alpha: float, before: int) -> bool:
+        """Whether the fall exceeds what a flat run of ``before`` evaluations then two shows by
+        chance at ``alpha`` (:func:`fall_quantile`)."""
+        return self.z > fall_quantile(before, 2, alpha)
+
+
+def fall_from_best(values: Sequence[float], items: int) -> Fall | None:
+    """The fall of a validation score from its best (the best of all but the last two
+    evaluations) to the mean of the last two; None with fewer than three evaluations or no
+    noise to judge by (:func:`eval_sd`). The one computation behind the validation rule and
+    "validation at its best" (the not-learning rule's saturated reading)."""
+    if len(values) < 3 or (noise := eval_sd(values, items)) is None:
+        return None
+    sd, how = noise
+    before = values[:-2]
+    best = max(range(len(before)), key=lambda i: before[i])
+    now = math.fsum(values[-2:]) / 2
+    fall = before[best] - now
+    z = fall / sd if sd > 0 else (math.inf if fall > 0 else 0.0)
+    return Fall(sd, how, best, now, z)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..config import HealthConfig
-from ..noise import estimate, eval_sd, fall_quantile
+from ..noise import estimate, fall_from_best
 from ..series import Run, Series, logged, mean, series, stderr
 
 Knobs = Mapping[str, float | str | bool]
@@ -273,11 +273,8 @@ def val_at_best(val: Series, c: HealthConfig) -> bool:
     them by no more than a flat run of the score's own noise falls by chance at ``alpha_warn``
     (what the validation rule calls a fall). False with fewer than three evaluations or no
     noise to judge by."""
-    if len(val) < 3 or (noise := eval_sd(val.values, c.eval_items)) is None:
-        return False
-    before = val.values[:-2]
-    fall = max(before) - mean(val.values[-2:])
-    return fall <= fall_quantile(len(before), 2, c.alpha_warn) * noise[0]
+    fall = fall_from_best(val.values, c.eval_items)
+    return fall is not None and not fall.beyond(c.alpha_warn, len(val) - 2)
 
 
 def effect(s: Series, c: HealthConfig, *, smoothed: bool = True) -> float:

@@ -18,8 +18,8 @@ import math
 from statistics import NormalDist
 
 from ..config import HealthConfig
-from ..noise import eval_sd, fall_quantile
-from ..series import Run, mean, series
+from ..noise import fall_from_best, fall_quantile
+from ..series import Run, series
 from .base import TOO_FEW_STEPS, Judgement, Knobs, Rule, not_logged, unknown
 
 
@@ -29,38 +29,35 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
         return not_logged("eval/score")
     if len(s) < 3:
         return unknown(TOO_FEW_STEPS, f"eval/score: {len(s)} evaluation(s); needs 3")
-    noise = eval_sd(s.values, c.eval_items)
-    if noise is None:
+    fall = fall_from_best(s.values, c.eval_items)
+    if fall is None:
         return unknown(
             TOO_FEW_STEPS,
             f"eval/score: {len(s)} evaluations, too few to estimate their noise (needs 5, or "
             "--eval-items to know it)",
         )
-    sd, how = noise
-    before = s.values[:-2]
-    best_i = max(range(len(before)), key=lambda i: before[i])
-    best, first, now = before[best_i], s.values[0], mean(s.values[-2:])
+    sd, before = fall.sd, len(s) - 2
+    best, first, now = s.values[fall.best], s.values[0], fall.now
     ev = (
-        f"validation score {first:.3g} at step {s.steps[0]:g}, best {best:.3g} at step {s.steps[best_i]:g}, "
-        f"last two {now:.3g} ({len(s)} evaluations; noise {sd:.2g} per evaluation, {how})"
+        f"validation score {first:.3g} at step {s.steps[0]:g}, best {best:.3g} at step {s.steps[fall.best]:g}, "
+        f"last two {now:.3g} ({len(s)} evaluations; noise {sd:.2g} per evaluation, {fall.how})"
     )
     if sd <= 0:
         return Judgement("healthy", evidence=ev + ": no noise to judge a fall against")
-    fall = (best - now) / sd
-    warn, fail = (fall_quantile(len(before), 2, a) for a in (c.alpha_warn, c.alpha_fail))
+    warn, fail = (fall_quantile(before, 2, a) for a in (c.alpha_warn, c.alpha_fail))
     below_first = (first - now) / (sd * math.sqrt(1.5)) > NormalDist().inv_cdf(1 - c.alpha_fail)
-    if fall > fail and below_first:
+    if fall.z > fail and below_first:
         return Judgement(
             "failing",
-            s.steps[best_i],
-            ev + f": {fall:.1f} sd below its best (counts from {fail:.1f}), below the first",
+            s.steps[fall.best],
+            ev + f": {fall.z:.1f} sd below its best (counts from {fail:.1f}), below the first",
         )
-    if fall > warn:
+    if fall.z > warn:
         return Judgement(
-            "warning", s.steps[best_i], ev + f": {fall:.1f} sd below its best (counts from {warn:.1f})"
+            "warning", s.steps[fall.best], ev + f": {fall.z:.1f} sd below its best (counts from {warn:.1f})"
         )
     return Judgement(
-        "healthy", evidence=ev + f": {fall:.1f} sd below its best (a fall counts from {warn:.1f})"
+        "healthy", evidence=ev + f": {fall.z:.1f} sd below its best (a fall counts from {warn:.1f})"
     )
 
 
