@@ -201,3 +201,51 @@ def test_eval_items_on_the_command_line(tmp_path, capsys):
     assert "binomial on 30 items" in capsys.readouterr().out
     assert main(["diagnose", str(log), "--eval-items", "0"]) == 2
     assert "--eval-items" in capsys.readouterr().err
+
+
+def _learned_early(seed, n=500, evals=True):
+    """reasoning-from-scratch's GRPO tables (held-out-7): a 0/1 reward on 8 responses a step
+    rises 0.2 -> 0.6 within the first steps (theirs: 15 of 500; here 3, so that no window
+    comparison sees it either) and holds; the held-out score rises from 15% to 45% with it
+    (every 50 steps, as theirs)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        p = 0.2 + 0.4 * min(1.0, i / 3)
+        row = {"step": i + 1, "rollout/reward_mean": sum(rng.random() < p for _ in range(8)) / 8}
+        if evals and i % 50 == 0:
+            row["eval/score"] = (0.15 if i == 0 else 0.45) + rng.gauss(0, 0.03)
+        rows.append(row)
+    return rows
+
+
+def test_a_run_that_learned_within_its_first_window_is_no_run_that_does_not_learn():
+    """Its quarters are flat (the rise lies in the first window), and the validation score shows
+    it learned: never failing; where the same rewards without a validation score are shown not
+    to learn (the control), a warning that says it learned. (On some seeds the quarters rise by
+    chance: healthy with or without it.)"""
+    for seed in range(8):
+        f = finding(_learned_early(seed), "not_learning")
+        control = finding(_learned_early(seed, evals=False), "not_learning")
+        assert f.status != "failing", (seed, f.evidence)
+        if control.status == "failing":
+            assert f.status == "warning" and "it learned, then held" in f.evidence, (seed, f.evidence)
+    controls = [finding(_learned_early(seed, evals=False), "not_learning").status for seed in range(8)]
+    assert controls.count("failing") >= 4, controls  # the case is exercised, not skipped
+
+
+def test_a_zero_loss_stretch_the_loss_leaves_again_is_not_unrecoverable():
+    """A policy loss of exactly 0 over many rows with nothing showing a gradient is fatal only
+    when it lasts to the last row; the control: the same stretch at the end is."""
+
+    def rows(stretch):
+        out = []
+        for i in range(60):
+            acc = 0.3 + 0.001 * math.sin(i)
+            out.append({"step": i + 1, "rollout/accuracy": acc, "actor/loss": 0.0 if i in stretch else 0.1})
+        return out
+
+    middle = finding(rows(range(20, 40)), "vanishing_signal")
+    assert middle.status == "warning" and not middle.fatal and "came back" in middle.evidence
+    end = finding(rows(range(40, 60)), "vanishing_signal")
+    assert end.status == "failing" and end.fatal

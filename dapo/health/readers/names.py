@@ -78,6 +78,12 @@ CUSTOM = {
     "mean_reward": "rollout/reward_mean",
     "avg_reward": "rollout/reward_mean",
     "average_reward": "rollout/reward_mean",
+    "reward_avg": "rollout/reward_mean",  # reasoning-from-scratch's CSV tables (held-out-7)
+    "entropy_avg": "actor/entropy",
+    "avg_entropy": "actor/entropy",
+    "mean_entropy": "actor/entropy",
+    "kl_loss": "actor/ref_kl",  # verl's actor/kl_loss without its prefix: the KL to the reference
+    "clip_fraction": "actor/clipfrac_upper",  # one clip fraction for both sides (TRL < 0.17's reading)
     "reward_mean": "rollout/reward_mean",
     "score": "rollout/reward_mean",  # a table's 'score' column: verl's name for the reward
     "accuracy": "rollout/accuracy",
@@ -105,11 +111,12 @@ CUSTOM = {
 """Names custom trainers print (``step:N | policy_loss=... | kl_divergence=... | mean_reward=...``)."""
 
 EVAL = re.compile(
-    r"^(?:val-core/.+/(?:acc|reward|score)/mean@\d+|val/test_score/.+|eval_(?:reward|accuracy)|"
+    r"^(?:val-core/.+/(?:acc|reward|score)/mean@\d+|val/test_score/.+|eval_(?:reward|accuracy|acc)|"
     r"eval_rewards/.*(?:accuracy|correct)\w*(?:/mean)?|eval/avg@\d+)$"
 )
 """Validation scores (higher is better) -> ``eval/score``: verl's ``val-core/<data>/<acc|reward|score>/mean@N``
-and older ``val/test_score/<data>``, TRL's ``eval_reward`` / ``eval_accuracy``, this project's
+and older ``val/test_score/<data>``, TRL's ``eval_reward`` / ``eval_accuracy`` (``eval_acc`` in hand-written
+loops), this project's
 ``eval/avg@k``. Where a row has several (one per data set), their mean."""
 
 PREFIXES = ("ppo_", "grpo_", "rl_", "train_")

@@ -6,7 +6,9 @@ rows when nothing else in the log shows a gradient (:func:`_zero_loss`): a hand-
 whose every group scored alike, or whose loss is detached, logs exactly that and nothing more.
 GRPO's loss is 0 at each batch's first update too (the advantages of a group sum to 0), so a
 zero loss beside a non-zero gradient norm, a reward spread within groups or non-zero
-advantages is no evidence, and one while the outcome rises only a warning."""
+advantages is no evidence, and one while the outcome rises, or one the run's loss leaves again
+before its end (a stretch in the middle of reasoning-from-scratch's 500-step table, held-out-7),
+only a warning: unrecoverable means lasting to the last row."""
 
 from __future__ import annotations
 
@@ -36,10 +38,12 @@ def _zero_loss(run: Run, c: HealthConfig) -> Judgement | None:
     it is ``c.zero_loss_rows`` long or longer and no row in it shows a gradient (:data:`SIGNS`)."""
     best: list[int] = []
     cur: list[int] = []
+    last = -1  # the last row that logs a loss
     for i, row in enumerate(run):
         v = row.get("actor/loss")
         if v is None:
             continue
+        last = i
         cur = [*cur, i] if v == 0 else []
         if len(cur) > len(best):
             best = cur
@@ -55,6 +59,8 @@ def _zero_loss(run: Run, c: HealthConfig) -> Judgement | None:
     )
     if learns(run, c):
         return Judgement("warning", steps[0], ev + "; the outcome still rises: log the gradient norm to tell")
+    if best[-1] != last:  # the loss moved again after the stretch: the signal came back
+        return Judgement("warning", steps[0], ev + "; the loss moves again after it (the signal came back)")
     if at_ceiling(run, c) is not False:  # the outcome not logged, or at its ceiling: below it is not shown
         return Judgement("warning", steps[0], ev + "; no outcome below its ceiling is logged beside it")
     return Judgement("failing", steps[0], ev + ": no learning signal", fatal=True)
