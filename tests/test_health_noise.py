@@ -249,3 +249,31 @@ def test_a_zero_loss_stretch_the_loss_leaves_again_is_not_unrecoverable():
     assert middle.status == "warning" and not middle.fatal and "came back" in middle.evidence
     end = finding(rows(range(40, 60)), "vanishing_signal")
     assert end.status == "failing" and end.fatal
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 5),
+            st.one_of(st.floats(-1e12, 1e12, allow_nan=False), st.sampled_from([0.1, 0.3, 1e16, -1e16, 0.0])),
+        ),
+        min_size=1,
+        max_size=120,
+    )
+)
+def test_the_moving_mean_is_each_windows_exact_mean(rows):
+    """Series.moving keeps each window's sum as exact partials (O(rows)); every value must be
+    the float fsum gives for that window, exactly: the rules compare moving means with levels
+    and with each other, and a constant series' window must stay that constant."""
+    from dapo.health.series import Series, mean
+
+    steps, step = [], 0
+    for gap, _ in rows:
+        step += gap
+        steps.append(float(step))
+    s = Series(steps, [v for _, v in rows])
+    c = HealthConfig()
+    w = s.window(c)
+    expect = [mean([v for t, v in zip(s.steps, s.values) if here - w < t <= here]) for here in s.steps]
+    assert s.moving(c) == expect

@@ -5,6 +5,7 @@ rest is a known name."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -197,6 +198,13 @@ def metric_name(key: str) -> str | None:
     user = _USER.get()
     if user and _fold(key) in user:
         return user[_fold(key)]
+    return _known_name(key)
+
+
+@functools.lru_cache(maxsize=8192)
+def _known_name(key: str) -> str | None:
+    """:func:`metric_name` without the user's names: a function of the key alone, so kept per
+    key (a 1 MB log asks for the same few dozen keys ~170,000 times: 0.75 s of a 4 s profile)."""
     if key in SCHEMA and key != "step":
         return key
     if key in NAMES:
