@@ -277,3 +277,22 @@ def test_the_moving_mean_is_each_windows_exact_mean(rows):
     w = s.window(c)
     expect = [mean([v for t, v in zip(s.steps, s.values) if here - w < t <= here]) for here in s.steps]
     assert s.moving(c) == expect
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_an_outcome_that_fell_from_its_start_is_failing_at_any_length(seed):
+    """The blind batches' warm-started runs: accuracy 0.80 -> 0.60 over 21 logged rows, never
+    above its start, was only a warning (no rise shown absent on so few rows, and no rise to
+    collapse from). A fall beyond its standard error at alpha_fail is failing; the control, the
+    same rows with a flat truth, is not."""
+    rng = random.Random(seed)
+
+    def rows(drop):
+        return [
+            {"step": 25 * (i + 1), "rollout/accuracy": 0.8 - drop * i / 20 + rng.gauss(0, 0.03)}
+            for i in range(21)
+        ]
+
+    fell = finding(rows(0.2), "not_learning")
+    assert fell.status == "failing" and "it fell" in fell.evidence, fell.evidence
+    assert finding(rows(0.0), "not_learning").status != "failing"

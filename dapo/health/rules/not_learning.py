@@ -14,7 +14,12 @@ over its later quarters, rose and then held: a plateau, not a run that does not 
 blind batches' "plateau called failing"): healthy at ``saturated_frac`` of its range or above,
 else a warning (it stopped improving short of its ceiling, or where its range is unknown). A
 run whose quarters are flat but whose validation score rose from its first evaluation beyond
-its noise (:func:`validation_rose`) learned within its first window: a warning, never failing."""
+its noise (:func:`validation_rose`) learned within its first window: a warning, never failing.
+Without that evidence, an outcome whose last quarter lies below its first by a one-sided
+``alpha_fail`` test and by a change that counts fell: failing at any length (the blind batches'
+warm-started runs, accuracy 0.80 -> 0.60 over 21 rows, were a warning only because the
+absence of a rise needs 8 windows' rows; a significant fall needs no more than its standard
+error)."""
 
 from __future__ import annotations
 
@@ -119,6 +124,15 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
                     "warning", main.steps[len(main) // 2], "; ".join(parts) + ", no longer rising"
                 )
             z = NormalDist().inv_cdf(1 - c.alpha_fail)
+            # it made the outcome worse: failing at any length
+            if noise > 0 and -g > z * noise and -g >= least:
+                return Judgement(
+                    "failing",
+                    main.steps[len(main) // 2],
+                    "; ".join(parts)
+                    + f" (it fell: {-g / noise:.1f} standard errors below its start, where a fall counts "
+                    f"from {z:.1f}, and by a change that counts)",
+                )
             # no rise of a row's own scatter, at alpha_fail, each quarter's mean on two windows' rows
             rows = estimate(main.values)
             absent = max(absent, rows.sd if rows is not None else 0.0)
