@@ -146,6 +146,10 @@ class Fall:
     """The mean of the last two evaluations."""
     z: float
     """(best - now) / sd; with no noise, 0 for no fall and infinity for any."""
+    rise: float
+    """(now - first) / (sd * sqrt(1.5)): the last two's mean against the first evaluation, in
+    standard errors of that difference (the validation rule's "below the first" is its
+    negative, the not-learning rule's "validation rose" itself); 0 with no noise."""
 
     def beyond(self, alpha: float, before: int) -> bool:
         """Whether the fall exceeds what a flat run of ``before`` evaluations then two shows by
@@ -166,4 +170,5 @@ def fall_from_best(values: Sequence[float], items: int) -> Fall | None:
     now = math.fsum(values[-2:]) / 2
     fall = before[best] - now
     z = fall / sd if sd > 0 else (math.inf if fall > 0 else 0.0)
-    return Fall(sd, how, best, now, z)
+    rise = (now - values[0]) / (sd * math.sqrt(1.5)) if sd > 0 else 0.0
+    return Fall(sd, how, best, now, z, rise)

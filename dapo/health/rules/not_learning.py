@@ -27,7 +27,7 @@ import math
 from statistics import NormalDist
 
 from ..config import HealthConfig
-from ..noise import estimate, eval_sd
+from ..noise import estimate, fall_from_best
 from ..series import Run, mean, series, stderr
 from .base import (
     TOO_FEW_STEPS,
@@ -157,15 +157,12 @@ def validation_rose(run: Run, c: HealthConfig) -> str | None:
     reward 0.2 -> 0.6 in 15 of 500 steps, MATH-500 15.6% -> 45%) and hold: its quarters are
     flat, and it is no run that does not learn. None without that evidence."""
     s = series(run, "eval/score")
-    if len(s) < 3 or (noise := eval_sd(s.values, c.eval_items)) is None or noise[0] <= 0:
-        return None
-    now = mean(s.values[-2:])
-    z = (now - s.values[0]) / (noise[0] * math.sqrt(1.5))
-    if z <= NormalDist().inv_cdf(1 - c.alpha_fail):
+    fall = fall_from_best(s.values, c.eval_items)
+    if fall is None or fall.sd <= 0 or fall.rise <= NormalDist().inv_cdf(1 - c.alpha_fail):
         return None
     return (
-        f"validation score {s.values[0]:.3g} at step {s.steps[0]:g} -> {now:.3g} (last two; {z:.1f} sd "
-        "of its noise): it learned, then held"
+        f"validation score {s.values[0]:.3g} at step {s.steps[0]:g} -> {fall.now:.3g} (last two; "
+        f"{fall.rise:.1f} sd of its noise): it learned, then held"
     )
 
 

@@ -14,7 +14,6 @@ the fixed 5% drop; ``tests/test_health_noise.py`` holds the new rate."""
 
 from __future__ import annotations
 
-import math
 from statistics import NormalDist
 
 from ..config import HealthConfig
@@ -45,7 +44,7 @@ def check(run: Run, c: HealthConfig, knobs: Knobs) -> Judgement:
     if sd <= 0:
         return Judgement("healthy", evidence=ev + ": no noise to judge a fall against")
     warn, fail = (fall_quantile(before, 2, a) for a in (c.alpha_warn, c.alpha_fail))
-    below_first = (first - now) / (sd * math.sqrt(1.5)) > NormalDist().inv_cdf(1 - c.alpha_fail)
+    below_first = -fall.rise > NormalDist().inv_cdf(1 - c.alpha_fail)
     if fall.z > fail and below_first:
         return Judgement(
             "failing",
