@@ -1,5 +1,6 @@
 """``dapo diagnose RUN --against REF [REF ...]``: the run against reference runs of the same
-recipe (the user's earlier run, a published baseline, healthy toy arms).
+recipe (the user's earlier run, a published baseline, healthy toy arms), with a false-alarm rate
+that can be stated.
 
 What is done, per metric of :attr:`AgainstConfig.metrics` that the run and at least one
 reference log (:func:`compare`):
@@ -9,63 +10,62 @@ reference log (:func:`compare`):
    steps that every reference spans are judged). By share of the run (``align="share"``): a
    step becomes ``(step - first) / (last - first)`` of its own log, for references of another
    length. The grid is always the run's own rows, so a step reported is one the run logged.
-2. **Smoothing, like for like.** The run and every aligned reference are smoothed the same way,
-   with a trailing mean over :attr:`~AgainstConfig.window` grid points (a causal moving
-   average: a point's smoothed value uses no later row, as in :meth:`.series.Series.moving`).
-3. **Noise of a reference.** Each reference's point-to-point noise ``s_r``: the standard
-   deviation of its residuals around a centred local-linear fit over
-   :attr:`~AgainstConfig.noise_window` of its own rows, each residual divided by
-   ``sqrt(1 - h_ii)`` (``h_ii``: the fit's leverage at that row) so that the fit's own use of a
-   row does not shrink it (the studentised residual of a local linear smoother; Cleveland 1979,
-   Loader 1999 ch. 2). A root mean square, not a median: a metric that is mostly 0 with rare
-   non-zero rows (a clip fraction) has noise that a median would call zero.
-4. **The band** (:func:`band`), at each grid point: centre ``c`` = the mean of the references'
-   smoothed curves; half-width
-   ``h = z * sqrt(B * (1 + 1/n) + N)`` with ``n`` references, ``B`` their between-run variance
-   (the sample variance of the smoothed curves at that point, averaged over the ``2 * window +
-   1`` points around it) and ``N`` the mean of their ``s_r**2``. The ``B * (1 + 1/n)`` term is
-   the classic prediction interval for one new draw from the references' population (the
-   ``1/n`` for the uncertainty of their mean); the ``N`` term widens it by a reference's own
-   point noise, so that two references whose curves happen to agree do not give a razor-thin
-   band. A few references estimate ``B`` badly (a variance from 2-4 runs is often far below the
-   truth), and one reference not at all, so ``B`` is at least ``(min_spread * R)**2``, with
-   ``R`` the range of the references' mean curve over the judged points
-   (:attr:`~AgainstConfig.min_spread`): an assumption, that runs of one recipe differ by about a
-   tenth of how far the metric moves; with one reference it is the only between-run term. A
-   floor of ``1e-9 * (1 + |c|)`` keeps float noise from departing. The measured false-alarm
-   rates with 1, 2 and 8 references (``reports/health/against.md``, the README) say what is
-   left.
-5. **Departure.** The run's smoothed curve outside ``[c - h, c + h]`` on the same side at
-   :attr:`~AgainstConfig.persist` consecutive grid points, the first such stretch. Its start is
-   corrected for the trailing mean's lag: moved back over the run's raw rows just before it that
-   are already beyond the same edge (as :meth:`.series.Series.onset` does for the rules). How far:
-   the median (and the largest) excess beyond the edge over the stretch, in the metric's units
-   and in band widths (``2h``); the share of the judged points from the start to the end of the
-   run that lie beyond that edge says whether it came back.
+2. **Scale.** The metrics of :attr:`~AgainstConfig.ratio_metrics` (grad norm, length, entropy,
+   KL: quantities whose runs differ by a factor) are compared as logarithms where every value of
+   the run and the references is positive, so a change is a ratio; the others as they are.
+3. **Change, not level.** The judged points are cut into consecutive blocks of ``W = max(3, m //
+   blocks)`` points (``m`` judged points; :attr:`~AgainstConfig.blocks`). The first block is the
+   baseline. For the run, and for each reference, the *change* at block ``j`` is its block mean
+   minus the references' mean curve's block mean, less the same difference over the baseline:
+   a run whose level sits apart from the references' from its first rows (a 15% larger gradient
+   norm from another batch size, a longer mean length from another prompt set) has no change;
+   a run that leaves the references' course does.
+4. **Noise, with autocorrelation.** Each series' per-row noise ``sd`` and lag-1 autocorrelation
+   ``rho`` come from :func:`.noise.estimate` (residuals around its own course); the mean of ``k``
+   rows then has the AR(1) standard error ``sd / sqrt(k) * sqrt((1 + rho) / (1 - rho))``: the
+   effective sample size of autocorrelated points. The noise model's variance of the run's change
+   at block ``j``: ``N_j = se_run(W_j)^2 + se_run(W_0)^2 + sum_r (se_r(W_j)^2 + se_r(W_0)^2) /
+   n^2`` (its own noise, and the references' mean's).
+5. **The test, controlled across metrics and blocks.** With ``n >= 2`` references, the variance
+   of a new run's change is the classic prediction interval's: the sample variance across the
+   references of their own changes (noise and between-run spread alike), pooled over the block
+   and its neighbours, times ``1 + 1/n``, and at least ``N_j`` (a run noisier than its
+   references); its degrees of freedom are ``(n - 1)`` per pooled block, and the quantile is
+   Student's t on them (a variance from two or three runs is often far too small: the t keeps
+   the rate). **One reference shows no between-run spread: the variance is ``N_j`` alone, the
+   band is the noise alone, and the output says so** (a seed-to-seed difference in the course
+   then reads as a departure). ``Z_j = change_j / sqrt(variance)``; a block departs when
+   ``|Z_j|`` exceeds the ``1 - alpha / (2 K J)`` quantile (``K`` metrics compared, ``J`` blocks
+   after the baseline; Bonferroni, two-sided). Under the model a healthy run of the references'
+   recipe departs anywhere with probability at most :attr:`~AgainstConfig.alpha`: the stated
+   false-alarm rate. The departure's start is the most likely change point (the split
+   maximising the standardised sum after it) in the first departing block and the one before it.
 6. **Outcome and verdict** (:meth:`Comparison.finding`). The outcomes (:data:`OUTCOMES`: reward,
-   accuracy, validation score) are bad when they depart below. A health metric's departure is
-   *followed* when an outcome departs below at or after its start. Every departure is reported
-   at ``warning`` (a downward outcome departure, a departure followed by the outcome, and one the
-   outcome did not follow alike; the evidence says which), except an outcome above the band,
-   which alone is ``healthy`` (the run does better). ``failing``: an outcome departed below
-   and, from its departure to the run's end, its smoothed curve's median distance below the
-   references' mean is at least :attr:`~AgainstConfig.fail_sd` standard deviations (the band's
-   half-width / ``z``): below for most of the rest of the run, and by more than chance.
+   accuracy, validation score) are bad when they depart below. A health metric's departure is a
+   ``warning`` with its evidence, *followed* when an outcome departs below at or after its start
+   (then it is the first suspect for the cause). ``failing`` needs an outcome that departed below
+   **and** stays below: the mean change from its start to the run's end is below by the same
+   family-wise quantile in its own standard errors. An outcome that fell and came back is a
+   warning; an outcome above the band alone is ``healthy`` (the run does better).
 
 The comparison adds one finding (rule ``against``) to the rules' findings, so the run's verdict,
 ``--fail-on`` and the report take it in; the per-metric detail is :meth:`Comparison.as_dict`.
+The measured false-alarm rates (healthy runs of other seeds, with and without a 15% level offset
+in grad norm and length) and detection on toy faults: ``reports/health/against.md``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import noise as _noise
 from .readers import RunLogError, read_runs, resolve
 from .series import Run, series
 from .verdict import Finding
@@ -89,6 +89,16 @@ HEALTH_METRICS = (
     "mismatch/k3_kl",
 )
 """Health metrics compared by default (:data:`dapo.schema.SCHEMA` names)."""
+RATIO_METRICS = (
+    "actor/entropy",
+    "rollout/length_mean",
+    "actor/approx_kl",
+    "actor/ref_kl",
+    "actor/grad_norm",
+    "mismatch/k3_kl",
+)
+"""Positive quantities whose runs differ by a factor (a batch size scales the gradient norm, a
+prompt set the length): compared as logarithms where every value is positive."""
 ALIGNS = ("step", "share")
 
 
@@ -104,52 +114,31 @@ class AgainstConfig:
     """``step``: the references read at the run's own training steps (same length and logging);
     ``share``: at the same share of their own run (step / last step), for references of
     another length."""
-    z: float = 2.5
-    """Band half-width in standard deviations of a new run's smoothed value (between-run
-    spread and point noise together)."""
-    window: int = 5
-    """Grid points (the run's logged rows) in the trailing mean that smooths the run and the
-    references alike; also the half-width, in points, of the span over which the references'
-    between-run variance is averaged."""
-    noise_window: int = 5
-    """A reference's own rows in the centred local-linear fit whose residuals give its point
-    noise."""
-    persist: int = 5
-    """Consecutive grid points the smoothed run must stay beyond the same edge to depart (for a
-    sparse series of ``m`` judged points, ``max(2, min(persist, m // 8))``)."""
-    fail_sd: float = 3.0
-    """An outcome that departed below and whose median, from its departure to the run's end,
-    sits at least this many standard deviations (the band's half-width / ``z``) below the
-    references' mean makes the comparison failing: persistently (a median over the rest of the
-    run) and beyond a stated size."""
-    min_spread: float = 0.1
-    """The spread between runs of the recipe (a standard deviation) is taken as at least this
-    fraction of the references' range (the max - min of their mean smoothed curve over the
-    judged points): what one reference cannot show and a few show badly; 0: only what the
-    references show."""
-    min_points: int = 8
-    """Judged grid points a metric needs (and rows each reference needs) to be compared."""
+    alpha: float = 0.05
+    """The family-wise false-alarm rate: the chance, under the noise model, that a healthy run of
+    the references' recipe departs in any metric at any block (Bonferroni over both)."""
+    blocks: int = 8
+    """The judged points are cut into blocks of ``max(3, m // blocks)`` points; the first is the
+    baseline. An eighth of the run: the rules' own windows (:func:`.noise.estimate`'s course)."""
+    min_points: int = 9
+    """Judged grid points a metric needs (and rows each reference needs) to be compared: a
+    baseline and two blocks of 3."""
     metrics: tuple[str, ...] = OUTCOMES + HEALTH_METRICS
     """The metrics compared, where the run and a reference both log them."""
     outcomes: tuple[str, ...] = OUTCOMES
     """Those of :attr:`metrics` that are outcomes (higher is better; below is bad)."""
+    ratio_metrics: tuple[str, ...] = RATIO_METRICS
+    """Those of :attr:`metrics` compared as logarithms where every value is positive."""
 
     def __post_init__(self) -> None:
         if self.align not in ALIGNS:
             raise ValueError(f"align: expected one of {', '.join(ALIGNS)}, got {self.align!r}")
-        if not (math.isfinite(self.z) and self.z > 0):
-            raise ValueError(f"z: expected a positive number, got {self.z!r}")
-        for f in ("fail_sd", "min_spread"):
-            v = getattr(self, f)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"{f}: expected a number >= 0, got {v!r}")
-        for f in ("window", "noise_window", "persist"):
-            if getattr(self, f) < 1:
-                raise ValueError(f"{f}: expected an integer >= 1, got {getattr(self, f)!r}")
-        if self.noise_window < 3:
-            raise ValueError(f"noise_window: expected an integer >= 3, got {self.noise_window!r}")
-        if self.min_points < 3:
-            raise ValueError(f"min_points: expected an integer >= 3, got {self.min_points!r}")
+        if not (isinstance(self.alpha, (int, float)) and 0 < self.alpha < 1):
+            raise ValueError(f"alpha: expected a number in (0, 1), got {self.alpha!r}")
+        if not (isinstance(self.blocks, int) and self.blocks >= 3):
+            raise ValueError(f"blocks: expected an integer >= 3, got {self.blocks!r}")
+        if not (isinstance(self.min_points, int) and self.min_points >= 9):
+            raise ValueError(f"min_points: expected an integer >= 9, got {self.min_points!r}")
 
 
 @dataclass(frozen=True)
@@ -164,38 +153,52 @@ class Reference:
 
 @dataclass(frozen=True)
 class Departure:
-    """Where the run's smoothed curve left the references' band, persistently."""
+    """Where the run's change from its baseline left the references', beyond the family-wise
+    quantile."""
 
     metric: str
     step: float
-    """The run's step where it left (lag-corrected)."""
+    """The run's step where it left (the most likely change point)."""
     confirmed: float
-    """The step of the ``persist``-th point outside: where a log growing step by step would first
-    show the departure (the run's side uses no later row)."""
+    """The last step of the first departing block: where the departure is first shown."""
     until: float
-    """The last step of the first stretch outside."""
+    """The last step of the consecutive departing blocks from the first."""
     direction: str
-    """``above`` or ``below`` the band."""
-    excess: float
-    """Median excess beyond the band's edge over the stretch, in the metric's units."""
-    widths: float
-    """The same in band widths (``high - low``)."""
-    peak_widths: float
-    """The largest excess over the stretch, in band widths."""
+    """``above`` or ``below`` the references."""
+    change: float
+    """The change at the first departing block against the references' (module docstring, step
+    3): a difference in the metric's units, or a factor for a metric compared as a ratio."""
+    ratio: bool
+    """Whether :attr:`change` is a factor (the metric compared as a logarithm)."""
+    z: float
+    """That change in its standard errors (signed)."""
+    threshold: float
+    """The family-wise quantile ``|z|`` had to exceed."""
     stays: float
-    """Share of the judged points from ``step`` to the end beyond the same edge."""
-    tail_sd: float
-    """Median distance from the references' mean, from ``step`` to the end, in the departure's
-    direction, in standard deviations (the band's half-width / ``z``; ``z`` and more: beyond the
-    edge)."""
+    """Share of the blocks from the first departing one to the end beyond the quantile on the same
+    side."""
+    tail_z: float
+    """The mean change from :attr:`step` to the end, in its standard errors (signed)."""
+    tail_threshold: float
+    """The quantile :attr:`tail_z` is judged by (the same level as the blocks')."""
     followed_by: str | None = None
     """For a health metric: the first outcome that departed below at or after ``step``."""
     followed_at: float | None = None
 
+    @property
+    def stays_below(self) -> bool:
+        """Below the references from its start to the run's end, beyond the quantile."""
+        return self.direction == "below" and self.tail_z <= -self.tail_threshold
+
+    def size(self) -> str:
+        """The change in words: ``-0.12`` or ``x1.8``."""
+        return f"x{self.change:.3g}" if self.ratio else f"{self.change:+.3g}"
+
 
 @dataclass(frozen=True)
 class MetricComparison:
-    """One metric: the grid, the run's smoothed curve, the band, and the departure if any."""
+    """One metric: the grid, the run's smoothed curve, the references' course shifted to the
+    run's baseline with the band a block mean may take, and the departure if any."""
 
     metric: str
     references: int
@@ -205,6 +208,10 @@ class MetricComparison:
     low: list[float]
     high: list[float]
     departure: Departure | None
+    ratio: bool = False
+    threshold: float = math.nan
+    between: bool = True
+    """Whether the band holds a between-run spread (two references or more)."""
 
 
 @dataclass(frozen=True)
@@ -223,8 +230,8 @@ class Comparison:
         ds = [m.departure for m in self.metrics.values() if m.departure is not None]
         return sorted(ds, key=lambda d: (d.step, d.metric))
 
-    def _bad(self, d: Departure) -> bool:
-        return d.metric in self.config.outcomes and d.direction == "below"
+    def _failing(self) -> list[Departure]:
+        return [d for d in self.departures if d.metric in self.config.outcomes and d.stays_below]
 
     @property
     def status(self) -> str:
@@ -232,18 +239,19 @@ class Comparison:
         no metric could be compared."""
         if not self.metrics:
             return "unknown"
-        ds = self.departures
-        if any(self._bad(d) and d.tail_sd >= self.config.fail_sd for d in ds):
+        if self._failing():
             return "failing"
-        if any(not (d.metric in self.config.outcomes and d.direction == "above") for d in ds):
+        if any(not (d.metric in self.config.outcomes and d.direction == "above") for d in self.departures):
             return "warning"
         return "healthy"
 
     def _outcome(self, d: Departure) -> str:
         if d.metric in self.config.outcomes:
-            return (
-                "the outcome fell below the references" if d.direction == "below" else "the outcome is better"
-            )
+            if d.direction == "above":
+                return "the outcome is better"
+            if d.stays_below:
+                return "the outcome fell below the references and stayed there"
+            return "the outcome fell below the references, then came back"
         if d.followed_by is not None:
             return f"followed by {d.followed_by} below from step {d.followed_at:g}"
         return "the outcome did not follow"
@@ -252,43 +260,60 @@ class Comparison:
         text = f"{d.metric} {d.direction} from step {d.step:g}"
         if detail:
             text += (
-                f" (beyond the edge by {_num(abs(d.excess))}, {_num(d.widths)} band widths, peak "
-                f"{_num(d.peak_widths)}; {d.stays:.0%} of the points since outside, their median "
-                f"{d.tail_sd:.1f} sd {d.direction} the references' mean)"
+                f" (changed {d.size()} against the references' course, {d.z:+.1f} se, quantile "
+                f"{d.threshold:.2f}; {d.stays:.0%} of the blocks since beyond; to the end {d.tail_z:+.1f} se)"
             )
         return f"{text}: {self._outcome(d)}"
+
+    @property
+    def one_reference(self) -> bool:
+        """Whether every compared metric had a single reference (no between-run spread known)."""
+        return bool(self.metrics) and not any(m.between for m in self.metrics.values())
+
+    def _scope(self) -> str:
+        n = len(self.metrics)
+        text = (
+            f"{len(self.references)} reference run(s), aligned by {self.config.align}; false-alarm rate "
+            f"{self.config.alpha:g} over {n} metric(s) and their blocks under the noise model"
+        )
+        if self.one_reference:
+            text += (
+                "; one reference: the band is its and this run's noise only (no between-run spread is known), "
+                "so a difference between seeds reads as a departure"
+            )
+        return text
 
     def finding(self) -> Finding:
         """The comparison as one finding (rule ``against``) beside the rules'."""
         ds = self.departures
-        refs = f"{len(self.references)} reference run(s), aligned by {self.config.align}"
         if not self.metrics:
             return Finding(
                 "against",
                 "Against reference runs",
                 "unknown",
                 None,
-                f"no metric could be compared with {refs}",
+                f"no metric could be compared with {len(self.references)} reference run(s)",
                 "",
                 "too few steps",
             )
-        head = f"{len(ds)} of {len(self.metrics)} metric(s) left the references' band ({refs})"
+        head = f"{len(ds)} of {len(self.metrics)} metric(s) left the references' course ({self._scope()})"
         evidence = head + (": " + "; ".join(self._describe(d, detail=False) for d in ds) if ds else "")
-        worst = [d for d in ds if self._bad(d) and d.tail_sd >= self.config.fail_sd]
+        worst = self._failing()
         if worst:
+            w = worst[0]
             evidence += (
-                f"; failing: {worst[0].metric} sits a median {worst[0].tail_sd:.1f} sd below the references' mean "
-                f"from step {worst[0].step:g} to the end (fail_sd {self.config.fail_sd:g})"
+                f"; failing: {w.metric} changed {w.size()} against the references from step {w.step:g} and stayed "
+                f"below to the end ({w.tail_z:+.1f} se, quantile {w.threshold:.2f})"
             )
         if self.status == "failing":
             advice = (
-                "the outcome fell well below the reference runs: compare this run's config, data and code with "
-                "theirs at the first departure; the health metrics that left the band before it point at the cause"
+                "the outcome fell below the reference runs and stayed there: compare this run's config, data and code "
+                "with theirs at the first departure; the health metrics that left the course before it point at the cause"
             )
         elif self.status == "warning":
             advice = (
                 "compare this run's config, data and code with the references' at the first departure; a health "
-                "metric that left the band before the outcome did is the first suspect"
+                "metric that left the course before the outcome did is the first suspect"
             )
         else:
             advice = ""
@@ -303,7 +328,7 @@ class Comparison:
 
     def lines(self) -> list[str]:
         """Text lines, one per metric compared, for the console."""
-        out = [f"  against {len(self.references)} reference run(s), aligned by {self.config.align}:"]
+        out = [f"  against {self._scope()}:"]
         for metric, m in self.metrics.items():
             d = m.departure
             if d is None:
@@ -318,11 +343,14 @@ class Comparison:
         return {
             "status": self.status,
             "references": self.references,
+            "one_reference": self.one_reference,
             "config": {f.name: getattr(self.config, f.name) for f in fields(self.config)},
             "metrics": {
                 k: {
                     "references": m.references,
                     "points": len(m.steps),
+                    "ratio": m.ratio,
+                    "threshold": m.threshold,
                     "departure": None if m.departure is None else m.departure.__dict__,
                     "steps": m.steps,
                     "run": m.run,
@@ -339,32 +367,31 @@ class Comparison:
         lines = [
             f"### {self.label}: against {len(self.references)} reference run(s) ({self.status})",
             "",
-            f"Aligned by {self.config.align}; band: mean of the references' trailing means (over "
-            f"{self.config.window} points) +- {self.config.z:g} x sqrt(between-run variance x (1 + 1/n) + point "
-            f"noise); a departure: {self.config.persist} consecutive points beyond one edge "
-            "(`dapo.health.against`).",
+            f"Aligned by {self.config.align}. Per metric, the run's change from its first block against the "
+            f"references' change, in standard errors (AR(1) noise and the between-run spread), tested at a "
+            f"false-alarm rate of {self.config.alpha:g} over every metric and block (`dapo.health.against`)."
+            + (
+                " One reference: no between-run spread is known; the band is the noise alone."
+                if self.one_reference
+                else ""
+            ),
             "",
             "References: " + ", ".join(f"`{r}`" for r in self.references),
             "",
-            "| metric | points | departed | direction | beyond the edge (units; band widths; peak) | outside since "
-            "| outcome |",
-            "|---|---|---|---|---|---|---|",
+            "| metric | points | departed | direction | change | se (quantile) | blocks beyond since | outcome |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for metric, m in self.metrics.items():
             d = m.departure
             if d is None:
-                lines.append(f"| {metric} | {len(m.steps)} | - | - | - | - | - |")
+                lines.append(f"| {metric} | {len(m.steps)} | - | - | - | - | - | - |")
                 continue
             lines.append(
-                f"| {metric} | {len(m.steps)} | step {d.step:g} | {d.direction} | {_num(abs(d.excess))}; "
-                f"{_num(d.widths)}; {_num(d.peak_widths)} | {d.stays:.0%} | {self._outcome(d)} |"
+                f"| {metric} | {len(m.steps)} | step {d.step:g} | {d.direction} | {d.size()} | {d.z:+.1f} "
+                f"({d.threshold:.2f}) | {d.stays:.0%} | {self._outcome(d)} |"
             )
         lines += [f"- `{metric}` not compared: {why}" for metric, why in self.skipped.items()]
         return lines
-
-
-def _num(x: float) -> str:
-    return f"{x:.3g}"
 
 
 # ---------------------------------------------------------------------------------- the math
@@ -382,93 +409,259 @@ def trailing_mean(y: np.ndarray, window: int) -> np.ndarray:
     return out
 
 
-def point_noise(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray, window: int) -> float:
-    """A series' point-to-point noise: the root mean square of its studentised residuals
-    around a local-linear fit over the ``window`` rows nearest each row (shifted, not shrunk,
-    at the ends). 0 for fewer than 3 rows."""
-    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    n = len(ys)
-    if n < 3:
-        return 0.0
-    w = min(window, n)
-    res = []
-    for i in range(n):
-        lo = min(max(0, i - w // 2), n - w)
-        xw, yw = xs[lo : lo + w], ys[lo : lo + w]
-        xm = xw.mean()
-        sxx = float(((xw - xm) ** 2).sum())
-        slope = float(((xw - xm) * (yw - yw.mean())).sum()) / sxx if sxx > 0 else 0.0
-        fit = yw.mean() + slope * (xs[i] - xm)
-        lev = 1.0 / w + ((xs[i] - xm) ** 2 / sxx if sxx > 0 else 0.0)
-        if lev < 1.0:
-            res.append((ys[i] - fit) / math.sqrt(1.0 - lev))
-    return float(np.sqrt(np.mean(np.square(res)))) if res else 0.0
+@lru_cache(maxsize=4096)
+def t_quantile(p: float, df: float) -> float:
+    """The upper ``p`` quantile (``p < 0.5``) of Student's t with ``df`` degrees of freedom (the
+    normal's for ``df`` above 1e6). The tail ``P(T > x)``: Simpson's rule (2,001 points) on
+    ``0.5 - int_0^x f`` for ``x < 1``, and on ``int_0^1 f(x / u) x / u^2 du`` (``t = x / u``) for
+    ``x >= 1``; inverted by bisection."""
+    tail: Callable[[float], float]
+    if df > 1e6:
 
+        def tail(x: float) -> float:
+            return 0.5 * math.erfc(x / math.sqrt(2))
 
-def band(
-    smoothed: np.ndarray, noise: Sequence[float], z: float, window: int, min_spread: float = 0.0
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(centre, low, high) at each grid point from the references' smoothed curves
-    (``smoothed``: one row per reference) and their point noise (module docstring, step 4)."""
-    smoothed = np.atleast_2d(np.asarray(smoothed, dtype=float))
-    n, m = smoothed.shape
-    centre = smoothed.mean(axis=0)
-    floor = (min_spread * float(np.ptp(centre))) ** 2
-    if n > 1:
-        var = smoothed.var(axis=0, ddof=1)
-        between = np.array([max(var[max(0, i - window) : i + window + 1].mean(), floor) for i in range(m)])
     else:
-        between = np.full(m, floor)
-    noise2 = float(np.mean(np.square(np.asarray(noise, dtype=float))))
-    half = z * np.sqrt(between * (1.0 + 1.0 / n) + noise2)
-    half = np.maximum(half, 1e-9 * (1.0 + np.abs(centre)))
-    return centre, centre - half, centre + half
+        c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+        grid = np.linspace(0.0, 1.0, 2001)
+        w = np.ones_like(grid)
+        w[1:-1:2], w[2:-1:2] = 4.0, 2.0
+        w *= (grid[1] - grid[0]) / 3
+        u = np.maximum(grid, 1e-300)
+
+        def density(t: np.ndarray) -> np.ndarray:
+            return np.asarray(np.exp(c - (df + 1) / 2 * np.log1p(t * t / df)))
+
+        def tail(x: float) -> float:
+            if x < 1:
+                return 0.5 - float((w * density(grid * x)).sum() * x)
+            with np.errstate(all="ignore"):
+                f = np.where(grid > 0, density(x / u) * x / (u * u), 0.0)
+            return float((w * f).sum())
+
+    lo, hi = 0.0, 1.0
+    while tail(hi) > p:
+        lo, hi = hi, hi * 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if tail(mid) > p else (lo, mid)
+        if hi - lo < 1e-9 * hi:
+            break
+    return (lo + hi) / 2
 
 
-def departure(
-    metric: str,
-    steps: Sequence[float],
-    raw: np.ndarray,
-    smooth: np.ndarray,
-    low: np.ndarray,
-    high: np.ndarray,
-    persist: int,
-    z: float,
-) -> Departure | None:
-    """The first stretch of ``persist`` consecutive points where ``smooth`` is beyond the same
-    edge of ``[low, high]``, its start moved back over the raw rows before it already beyond
-    that edge; None if there is none."""
-    side = np.where(smooth > high, 1, np.where(smooth < low, -1, 0))
-    m = len(side)
-    for i in range(m - persist + 1):
-        s = side[i]
-        if s == 0 or not np.all(side[i : i + persist] == s):
-            continue
-        end = i
-        while end + 1 < m and side[end + 1] == s:
-            end += 1
-        start = i
-        beyond = raw > high if s > 0 else raw < low
-        while start > 0 and beyond[start - 1] and beyond[start]:
-            start -= 1
-        width = high - low
-        centre = (high + low) / 2
-        edge_excess = (smooth - high) if s > 0 else (low - smooth)
-        stretch = slice(i, end + 1)
-        rest = slice(start, m)
-        return Departure(
-            metric=metric,
-            step=float(steps[start]),
-            confirmed=float(steps[i + persist - 1]),
-            until=float(steps[end]),
-            direction="above" if s > 0 else "below",
-            excess=float(s * np.median(edge_excess[stretch])),
-            widths=float(np.median(edge_excess[stretch] / width[stretch])),
-            peak_widths=float(np.max(edge_excess[stretch] / width[stretch])),
-            stays=float(np.mean(side[rest] == s)),
-            tail_sd=float(np.median(s * (smooth[rest] - centre[rest]) / (width[rest] / (2 * z)))),
+def _edges(m: int, blocks: int) -> list[tuple[int, int]]:
+    """The judged points cut into consecutive blocks of ``max(3, m // blocks)`` points (the last
+    one takes the remainder); the first is the baseline."""
+    w = max(3, m // blocks)
+    k = max(m // w, 1)
+    starts = [i * w for i in range(k)]
+    return [(s, starts[i + 1] if i + 1 < k else m) for i, s in enumerate(starts)]
+
+
+@dataclass(frozen=True)
+class _Stats:
+    """One metric's block statistics, before the family-wise quantile is known."""
+
+    metric: str
+    references: int
+    steps: list[float]
+    raw: np.ndarray
+    centre: np.ndarray
+    edges: list[tuple[int, int]]
+    change: np.ndarray
+    """Per block after the baseline: the run's change against the references' (transformed)."""
+    noise_var: np.ndarray
+    """Its variance under the noise model (module docstring, step 4)."""
+    pooled: np.ndarray
+    """The references' own changes' variance, pooled, times ``1 + 1/n`` (step 5; 0 with one
+    reference)."""
+    df: float
+    """The degrees of freedom of :attr:`pooled`: ``n - 1`` (inf with one reference)."""
+    diff: np.ndarray
+    """Per point: run - references' mean (transformed), less the baseline's mean of it."""
+    run_noise: _noise.Noise
+    ref_noise: list[_noise.Noise]
+    between: np.ndarray
+    """Per block: the references' between-run variance of a change, less their noise (0 with one
+    reference)."""
+    ratio: bool
+
+    def tail(self, start: int, p: float) -> tuple[float, float, float]:
+        """The mean of :attr:`diff` from point ``start`` to the end, its standard error and the
+        quantile it is judged by at level ``p`` (:func:`_binding`): the noise of so many rows,
+        and the pooled spread of the blocks it spans."""
+        m = len(self.diff) - start
+        b = self.edges[0][1]
+        n = len(self.ref_noise)
+        noise = self.run_noise.se(m) ** 2 + self.run_noise.se(b) ** 2
+        noise += sum(r.se(m) ** 2 + r.se(b) ** 2 for r in self.ref_noise) / n**2
+        spans = [j for j, (_, hi) in enumerate(self.edges[1:]) if hi > start]
+        pooled = float(np.mean(self.pooled[spans])) if spans else 0.0
+        sd, q = _binding(pooled, noise, self.df, p, self._floor())
+        return float(np.mean(self.diff[start:])), sd, q
+
+    def _floor(self) -> float:
+        return (1e-9 * (1.0 + float(np.max(np.abs(self.centre))))) ** 2
+
+
+def _noise_of(values: np.ndarray) -> _noise.Noise:
+    got = _noise.estimate([float(v) for v in values])
+    return got if got is not None else _noise.Noise(0.0, 0.0)
+
+
+def _stats(
+    metric: str, steps: list[float], raw: np.ndarray, refs: np.ndarray, config: AgainstConfig
+) -> _Stats:
+    n, m = refs.shape
+    ratio = metric in config.ratio_metrics and bool(np.all(raw > 0) and np.all(refs > 0))
+    y, r = (np.log(raw), np.log(refs)) if ratio else (raw, refs)
+    centre = r.mean(axis=0)
+    edges = _edges(m, config.blocks)
+    (b0, b1), rest = edges[0], edges[1:]
+    run_noise = _noise_of(y)
+    ref_noise = [_noise_of(row) for row in r]
+    d = y - centre
+    diff = d - d[b0:b1].mean()
+
+    def block(x: np.ndarray, e: tuple[int, int]) -> Any:
+        return x[..., e[0] : e[1]].mean(axis=-1)
+
+    change = np.array([block(diff, e) for e in rest])
+    base_w = b1 - b0
+    noise_var = np.array(
+        [
+            run_noise.se(e[1] - e[0]) ** 2
+            + run_noise.se(base_w) ** 2
+            + sum(q.se(e[1] - e[0]) ** 2 + q.se(base_w) ** 2 for q in ref_noise) / n**2
+            for e in rest
+        ]
+    )
+    between = np.zeros(len(rest))
+    pooled = np.zeros(len(rest))
+    if n >= 2:
+        # the prediction interval for one new run: the variance across the references of their
+        # own changes (noise and between-run spread alike), the larger of its mean over the run
+        # and over the block and its neighbours, times (1 + 1/n), on n - 1 degrees of freedom
+        # (a run's deviation from the others is a smooth curve: its blocks are not independent
+        # draws, so pooling them adds no degrees of freedom)
+        dev = r - centre
+        own = np.array([[block(dev[i], e) - block(dev[i], edges[0]) for e in rest] for i in range(n)])
+        s2 = own.var(axis=0, ddof=1)
+        whole = float(np.mean(s2))
+        ref_var = np.array(
+            [np.mean([q.se(e[1] - e[0]) ** 2 + q.se(base_w) ** 2 for q in ref_noise]) for e in rest]
         )
-    return None
+        for j in range(len(rest)):
+            near = max(whole, float(np.mean(s2[max(0, j - 1) : j + 2])))
+            pooled[j] = near * (1 + 1 / n)
+            between[j] = max(0.0, near - float(ref_var[j]))
+    return _Stats(
+        metric,
+        n,
+        steps,
+        raw,
+        centre,
+        edges,
+        change,
+        noise_var,
+        pooled,
+        n - 1 if n >= 2 else math.inf,
+        diff,
+        run_noise,
+        ref_noise,
+        between,
+        ratio,
+    )
+
+
+def _binding(pooled: float, noise: float, df: float, p: float, floor: float) -> tuple[float, float]:
+    """(sd, quantile) of the test at upper level ``p``: a change must exceed both the references'
+    prediction interval (``pooled`` on Student's t with ``df``) and the noise model's band
+    (``noise`` on the normal); the wider of the two is the one reported."""
+    qn = t_quantile(p, math.inf)
+    noise_sd = math.sqrt(max(noise, floor))
+    if pooled <= 0 or not math.isfinite(df):
+        return noise_sd, qn
+    qt = t_quantile(p, df)
+    pooled_sd = math.sqrt(pooled)
+    return (pooled_sd, qt) if qt * pooled_sd >= qn * noise_sd else (noise_sd, qn)
+
+
+def _onset(st: _Stats, j: int, sign: int) -> int:
+    """The most likely change point for a departure first shown by block ``j`` (0 = the first
+    after the baseline): over the points of that block and the one before it (never the
+    baseline), the split maximising ``sum(sign * diff[k:end]) / sqrt(end - k)``."""
+    lo = st.edges[max(1, j)][0]
+    end = st.edges[j + 1][1]
+    x = sign * st.diff[lo:end]
+    tails = np.cumsum(x[::-1])[::-1]
+    score = tails / np.sqrt(np.arange(len(x), 0, -1))
+    return lo + int(np.argmax(score))
+
+
+def _judge(st: _Stats, tests: int, config: AgainstConfig) -> MetricComparison:
+    rest = st.edges[1:]
+    p = config.alpha / (2 * tests * max(len(rest), 1))
+    floor = st._floor()
+    sd, q = (
+        np.array(v)
+        for v in zip(*(_binding(pv, nv, st.df, p, floor) for pv, nv in zip(st.pooled, st.noise_var)))
+    )
+    z = st.change / sd
+    side = np.where(z > q, 1, np.where(z < -q, -1, 0))
+    dep = None
+    hit = np.flatnonzero(side)
+    if len(hit):
+        j = int(hit[0])
+        s = int(side[j])
+        k = j
+        while k + 1 < len(side) and side[k + 1] == s:
+            k += 1
+        start = _onset(st, j, s)
+        mean, se, q_tail = st.tail(start, p)
+        change = float(st.change[j])
+        dep = Departure(
+            metric=st.metric,
+            step=float(st.steps[start]),
+            confirmed=float(st.steps[rest[j][1] - 1]),
+            until=float(st.steps[rest[k][1] - 1]),
+            direction="above" if s > 0 else "below",
+            change=math.exp(change) if st.ratio else change,
+            ratio=st.ratio,
+            z=float(z[j]),
+            threshold=float(q[j]),
+            stays=float(np.mean(side[j:] == s)),
+            tail_z=mean / se,
+            tail_threshold=q_tail,
+        )
+    # the band, per point: the references' course shifted to the run's baseline, +- the quantile
+    # times a block mean's standard error (the figure's and --json's band)
+    m = len(st.steps)
+    b0, b1 = st.edges[0]
+    y = np.log(st.raw) if st.ratio else st.raw
+    level = st.centre + float((y - st.centre)[b0:b1].mean())
+    half = np.zeros(m)
+    for (lo, hi), qq, s in zip(rest, q, sd):
+        half[lo:hi] = qq * s
+    half[b0:b1] = half[b1] if m > b1 else 0.0
+    low, high = level - half, level + half
+    w = max(1, b1 - b0)
+    smooth = trailing_mean(y, w)
+    back = np.exp if st.ratio else (lambda a: a)
+    return MetricComparison(
+        st.metric,
+        st.references,
+        st.steps,
+        back(smooth).tolist(),
+        back(level).tolist(),
+        back(low).tolist(),
+        back(high).tolist(),
+        dep,
+        st.ratio,
+        float(np.max(q)) if len(q) else math.nan,
+        st.references >= 2,
+    )
 
 
 # ------------------------------------------------------------------------------- alignment
@@ -487,11 +680,9 @@ def _coords(run: Run, steps: Sequence[float], align: str) -> np.ndarray:
     return (x - first) / (last - first) if last > first else np.zeros_like(x)
 
 
-def compare_metric(
-    run: Run, refs: Sequence[Run], metric: str, config: AgainstConfig
-) -> MetricComparison | str:
-    """One metric of the run against the references that log it; a string says why it could
-    not be compared."""
+def compare_metric(run: Run, refs: Sequence[Run], metric: str, config: AgainstConfig) -> _Stats | str:
+    """One metric of the run against the references that log it, before the family-wise
+    quantile; a string says why it could not be compared."""
     s = series(run, metric)
     have = [(r, series(r, metric)) for r in refs]
     have = [(r, rs) for r, rs in have if len(rs) >= 3]
@@ -499,12 +690,11 @@ def compare_metric(
         return "no reference logs it"
     u = _coords(run, s.steps, config.align)
     covered = np.ones(len(u), dtype=bool)
-    curves, noise = [], []
+    curves = []
     for r, rs in have:
         ru = _coords(r, rs.steps, config.align)
         covered &= (u >= ru[0] - 1e-9) & (u <= ru[-1] + 1e-9)
         curves.append(np.interp(u, ru, rs.values))
-        noise.append(point_noise(ru, rs.values, config.noise_window))
     m = int(covered.sum())
     if m < config.min_points:
         where = "steps" if config.align == "step" else "share of the run"
@@ -514,23 +704,7 @@ def compare_metric(
     keep = np.flatnonzero(covered)
     steps = [s.steps[i] for i in keep]
     raw = np.asarray(s.values, dtype=float)[keep]
-    refs_on_grid = np.array([c[keep] for c in curves])
-    smooth = trailing_mean(raw, config.window)
-    centre, low, high = band(
-        trailing_mean(refs_on_grid, config.window), noise, config.z, config.window, config.min_spread
-    )
-    persist = config.persist if m >= 8 * config.persist else max(2, min(config.persist, m // 8))
-    dep = departure(metric, steps, raw, smooth, low, high, persist, config.z)
-    return MetricComparison(
-        metric,
-        len(have),
-        steps,
-        smooth.tolist(),
-        centre.tolist(),
-        low.tolist(),
-        high.tolist(),
-        dep,
-    )
+    return _stats(metric, steps, raw, np.array([c[keep] for c in curves]), config)
 
 
 def compare(
@@ -539,7 +713,7 @@ def compare(
     """The run against the references (module docstring: the method)."""
     run = sorted(run, key=lambda r: r.get("step", 0))
     rows = [sorted(r.run, key=lambda x: x.get("step", 0)) for r in refs]
-    metrics: dict[str, MetricComparison] = {}
+    stats: dict[str, _Stats] = {}
     skipped: dict[str, str] = {}
     for metric in config.metrics:
         if not len(series(run, metric)):
@@ -549,7 +723,8 @@ def compare(
             if got != "no reference logs it":
                 skipped[metric] = got
         else:
-            metrics[metric] = got
+            stats[metric] = got
+    metrics = {k: _judge(st, len(stats), config) for k, st in stats.items()}
     outcome_falls = [
         m.departure
         for k, m in metrics.items()
@@ -562,16 +737,8 @@ def compare(
         later = [o for o in outcome_falls if o.step >= d.step]
         if later:
             first = min(later, key=lambda o: o.step)
-            metrics[k] = MetricComparison(
-                m.metric,
-                m.references,
-                m.steps,
-                m.run,
-                m.centre,
-                m.low,
-                m.high,
-                Departure(**{**d.__dict__, "followed_by": first.metric, "followed_at": first.step}),
-            )
+            followed = Departure(**{**d.__dict__, "followed_by": first.metric, "followed_at": first.step})
+            metrics[k] = replace(m, departure=followed)
     return Comparison(label, [r.name for r in refs], config, metrics, skipped)
 
 

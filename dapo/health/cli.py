@@ -88,8 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="REF",
         help="compare the run with reference runs of the same recipe (any log this tool reads; FILE#LABEL: the "
         "runs of a multi-run file whose label holds LABEL, e.g. runs/toy/x/metrics.jsonl#arm=clip_higher): per "
-        "metric, the first step it leaves the references' band for good, by how much, and whether the outcome "
-        "followed (dapo.health.against)",
+        "metric, the first step its change from its first rows leaves the references' (at a false-alarm rate of "
+        "0.05 over every metric and block; with one reference, against the noise alone), by how much, and "
+        "whether the outcome followed (dapo.health.against)",
     )
     p.add_argument(
         "--align",
