@@ -18,15 +18,26 @@ rules hold on a CPU:
 :func:`nccl_default` makes the same rules the default process group's (a registered Python
 backend), with object collectives staged on the current device as NCCL stages them.
 
+* **count and dtype agreement**: NCCL defines one element count and one data type per
+  operation, the same on every member (NCCL's *NCCL and MPI* notes: unlike MPI, no different
+  send and receive counts or types); a mismatch hangs or delivers garbage on GPUs (a bf16[4]
+  broadcast into an fp32[4] "succeeds"). The double exchanges each operation's count and
+  dtype first and raises :class:`Mismatch` naming both;
+* :class:`StreamOrder`: a model of one stream per device, on which an NCCL kernel blocks until
+  every member of its communicator has launched its own; given what each device queued, in
+  order, it finds the cycle two communicators used in different orders make (the hang of a
+  weight broadcast queued among a tensor-parallel engine's all-reduces at different points).
+
 What it does not imitate: NCCL's asynchrony (ops here complete when ``wait`` returns, as
-gloo's do), stream semantics, the watchdog's abort, the ``ncclInvalidUsage`` of mismatched
-collectives across members (gloo reports those its own way), and FSDP2 on a pretend device.
+gloo's do), the watchdog's abort, and FSDP2 on a pretend device.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -38,6 +49,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
 NCCL_HOST_TENSOR = "Tensors must be CUDA and dense"
+_META_TAG = 1 << 20
+"""Added to a point-to-point operation's tag for its (count, dtype) message."""
 """The first words of NCCL's refusal of a host tensor (ProcessGroupNCCL's ``check_gpu_single_tensor``)."""
 
 
@@ -176,6 +189,47 @@ def _check(tensors: list[torch.Tensor], device: torch.device, op: str) -> list[t
     return inner
 
 
+class Mismatch(dist.DistBackendError):
+    """Members of one NCCL operation disagree on its element count or dtype."""
+
+
+_DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.uint8,
+    torch.int8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+]
+
+
+def _shape_of(inner: list[torch.Tensor]) -> torch.Tensor:
+    return torch.tensor(
+        [[t.numel(), _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -1] for t in inner], dtype=torch.long
+    ).flatten()
+
+
+def _said(code: torch.Tensor) -> list[str]:
+    v = code.tolist()
+    return [f"{_DTYPES[v[i + 1]] if v[i + 1] >= 0 else '?'}[{v[i]}]" for i in range(0, len(v), 2)]
+
+
+class _Both:
+    """Two works waited for as one (a send and its (count, dtype) message)."""
+
+    def __init__(self, *works: Any):
+        self.works = works
+
+    def wait(self, *args: Any) -> bool:
+        return all(w.wait(*args) is not False for w in self.works)
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
+
 class NcclRules:
     """A process group of the ``torch.distributed.ProcessGroup`` methods the project calls on a
     store-built group (``send``, ``recv``, ``broadcast``, ``allgather``, ``allreduce``,
@@ -199,22 +253,59 @@ class NcclRules:
     def rank(self) -> int:
         return self.pg.rank()
 
+    # -- count and dtype agreement: each operation's (count, dtype) exchanged first, on gloo --
+    def _agree(self, op: str, inner: list[torch.Tensor]) -> None:
+        mine = _shape_of(inner)
+        everyone = [torch.empty_like(mine) for _ in range(self.pg.size())]
+        self.pg.allgather([everyone], [mine]).wait()
+        for r, theirs in enumerate(everyone):
+            if not torch.equal(theirs, mine):
+                raise Mismatch(
+                    f"NCCL double: {op}: rank {self.pg.rank()} has {_said(mine)}, rank {r} has {_said(theirs)} "
+                    "(NCCL needs one count and one dtype on every member: a hang or garbage on GPUs)"
+                )
+
+    def _agree_pair(self, op: str, inner: list[torch.Tensor], peer: int, tag: int, sending: bool) -> Any:
+        mine = _shape_of(inner)
+        if sending:  # not waited for here: both sides may send first (batch_isend_irecv)
+            return self.pg.send([mine], peer, tag + _META_TAG)
+        theirs = torch.empty_like(mine)
+        self.pg.recv([theirs], peer, tag + _META_TAG).wait()
+        if not torch.equal(theirs, mine):
+            raise Mismatch(
+                f"NCCL double: {op}: rank {self.pg.rank()} receives into {_said(mine)} what rank {peer} sends as "
+                f"{_said(theirs)} (NCCL needs one count and one dtype on both sides: a hang or garbage on GPUs)"
+            )
+
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
-        return self.pg.send(_check(tensors, self.device, "send"), dst, tag)
+        inner = _check(tensors, self.device, "send")
+        meta = self._agree_pair("send", inner, dst, tag, sending=True)
+        return _Both(meta, self.pg.send(inner, dst, tag))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
-        return self.pg.recv(_check(tensors, self.device, "recv"), src, tag)
+        inner = _check(tensors, self.device, "recv")
+        self._agree_pair("recv", inner, src, tag, sending=False)
+        return self.pg.recv(inner, src, tag)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        return self.pg.broadcast(_check(tensors, self.device, "broadcast"), opts)
+        inner = _check(tensors, self.device, "broadcast")
+        self._agree("broadcast", inner)
+        return self.pg.broadcast(inner, opts)
 
     def allgather(self, outs: list[list[torch.Tensor]], ins: list[torch.Tensor]) -> Any:
-        return self.pg.allgather(
-            [_check(o, self.device, "allgather") for o in outs], _check(ins, self.device, "allgather")
-        )
+        inner = _check(ins, self.device, "allgather")
+        out = [_check(o, self.device, "allgather") for o in outs]
+        self._agree("allgather", inner)
+        for o in out:
+            if any(x.numel() != inner[0].numel() or x.dtype != inner[0].dtype for x in o):
+                raise Mismatch(
+                    "NCCL double: allgather: an output tensor's count or dtype differs from the input's"
+                )
+        return self.pg.allgather(out, inner)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         got = _check(tensors, self.device, "allreduce")
+        self._agree("allreduce", got)
         return self.pg.allreduce(got) if opts is None else self.pg.allreduce(got, opts)
 
     def barrier(self, *args: Any) -> Any:
@@ -308,3 +399,47 @@ def nccl_default(rank: int, world: int, store: Any, timeout_s: float | None = No
                 dist.destroy_process_group()
             c10d._get_object_coll_device = real_device
             torch.cuda.current_device = real_current  # type: ignore[assignment]
+
+
+class StreamOrder:
+    """One stream per device, and NCCL's blocking kernels on it: :meth:`record` what a device
+    queues (the communicator of each NCCL operation, in the order it was queued); :meth:`hang`
+    runs the queues and says where they stop. An operation runs when it heads the queue of every
+    device that is a member of its communicator (every device that queued an operation on it);
+    the k-th operation a device queues on a communicator is that communicator's k-th operation
+    (NCCL matches them by order). Thread-safe: a test's threads are its devices and processes."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.queues: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        self._count: dict[tuple[str, str], int] = defaultdict(int)
+
+    def record(self, device: str, comm: str) -> None:
+        with self.lock:
+            k = self._count[device, comm]
+            self._count[device, comm] = k + 1
+            self.queues[device].append((comm, k))
+
+    def hang(self) -> dict[str, tuple[str, int]] | None:
+        """None if every queue runs to its end; else each stuck device's head operation (the
+        cycle: each waits for a member whose head is another operation)."""
+        with self.lock:
+            queues = {d: list(q) for d, q in self.queues.items()}
+        members: dict[str, set[str]] = defaultdict(set)
+        for d, q in queues.items():
+            for comm, _ in q:
+                members[comm].add(d)
+        pos = dict.fromkeys(queues, 0)
+        while True:
+            heads = {d: queues[d][pos[d]] for d in queues if pos[d] < len(queues[d])}
+            if not heads:
+                return None
+            ran = False
+            for op in set(heads.values()):
+                comm = op[0]
+                if all(heads.get(d) == op for d in members[comm]):
+                    for d in members[comm]:
+                        pos[d] += 1
+                    ran = True
+            if not ran:
+                return heads

@@ -109,6 +109,48 @@ def test_the_double_sees_the_bridge_s_old_host_headers(nccl):
         _together(_member(0, lambda: member(0)), _member(1, lambda: member(1)), limit_s=30)
 
 
+def test_the_double_refuses_a_count_or_dtype_mismatch_as_nccl_would_hang(nccl):
+    """NCCL defines one count and one dtype per operation on every member: a bf16[4] broadcast
+    into an fp32[4] 'succeeds' with garbage on GPUs, into a bf16[2] it hangs. The double raises,
+    naming both sides; agreeing members pass."""
+    from nccl_double import Mismatch
+
+    def member(r: int, theirs: tuple[torch.dtype, int], kv: list[Any]) -> str:
+        g = bridge.group(kv[r], "w", r, 2, 10, backend="nccl")
+        dtype, n = (torch.bfloat16, 4) if r == 0 else theirs
+        try:
+            g.broadcast_tensor(torch.zeros(n, dtype=dtype, device=g.device), 0, "weights")
+        except RuntimeError as err:  # the bridge reports it as a failed collective, the double's words in it
+            assert isinstance(err.__cause__ or err, Mismatch)
+            return str(err)
+        return "ok"
+
+    def both(theirs: tuple[torch.dtype, int]) -> list[str]:
+        kv = _stores(2)
+        return _together(*[_member(r, lambda r=r: member(r, theirs, kv)) for r in range(2)])
+
+    for theirs in [(torch.float32, 4), (torch.bfloat16, 2)]:
+        said = both(theirs)
+        assert all("torch.bfloat16[4]" in x and f"{theirs[0]}[{theirs[1]}]" in x for x in said), said
+    assert both((torch.bfloat16, 4)) == ["ok", "ok"]
+
+    kv = _stores(2)
+
+    def pair(r: int) -> str:
+        g = bridge.group(kv[r], "p", r, 2, 10, backend="nccl")
+        try:
+            if r == 0:
+                g.pg.send([torch.zeros(3, device=g.device)], 1, 0).wait()
+            else:
+                g.pg.recv([torch.zeros(3, dtype=torch.float16, device=g.device)], 0, 0).wait()
+        except RuntimeError as err:  # the receiver refuses; the sender's send then fails (NCCL: hangs)
+            return str(err)
+        return "sent"
+
+    _, got = _together(_member(0, lambda: pair(0)), _member(1, lambda: pair(1)))
+    assert "receives into ['torch.float16[3]'] what rank 0 sends as ['torch.float32[3]']" in got
+
+
 # ---- the bridge under NCCL's rules ------------------------------------------------------------
 
 

@@ -13,7 +13,6 @@ import threading
 import time
 
 import pytest
-import torch
 from generator_patch import sitecustomize
 from multiproc import run_script
 from scale_support import need
@@ -304,26 +303,6 @@ def test_the_learner_does_not_wait_for_a_batch_that_cannot_arrive():
     pool = _pool(k=0, floor=0, first=1, last=5, published={0, 1})
     with pytest.raises(ScheduleError, match="version 2, which is newer than the learner's"):
         pool.wait_for(3, 1)
-
-
-def test_a_generator_does_not_wait_for_a_version_that_cannot_arrive():
-    """Versions arrive in increasing order: once a newer one is in, or every one due has come,
-    a generator waiting for a version that is not there stops with one line."""
-    from scale.placement.generator_process import _Versions
-
-    v = _Versions()
-    v.put(3, [("w", torch.zeros(1))])
-    with pytest.raises(RuntimeError, match="waiting for policy version 1, which can no longer arrive"):
-        v.take(1)
-    v = _Versions()
-    v.put(1, [("w", torch.zeros(1))])
-    assert v.take(1)[0][0] == "w"
-    v.finish()
-    with pytest.raises(RuntimeError, match="nothing more is due"):
-        v.take(2)
-    v = _Versions()
-    threading.Timer(0.3, lambda: v.put(2, [("w", torch.ones(1))])).start()
-    assert torch.equal(v.take(2)[0][1], torch.ones(1))  # a version still due is waited for
 
 
 # in each generator process every generation call of the HF engine sleeps first

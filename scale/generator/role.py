@@ -63,6 +63,7 @@ class Generator:
         comm: Any,
         trace: Callable[..., None] | None = None,
         selection: PromptSelection | None = None,
+        between_rounds: Callable[[], None] | None = None,
     ):
         self.cfg = cfg
         self.selection = selection
@@ -73,6 +74,9 @@ class Generator:
         self.ranks = ranks
         self.comm = comm
         self.trace = trace
+        self.between_rounds = between_rounds
+        """Called before each round, at the same place on every rank (a disaggregated
+        generator takes new policy versions there: :mod:`scale.placement.receive`)."""
         self.pad_id = tokenizer.pad_token_id
 
     def encode(self, prompt: str) -> list[int]:
@@ -91,6 +95,8 @@ class Generator:
         sampler = GlobalDynamicSampler(algo, me, self.comm, step=step)
         per_group = c.gen_groups // me.dp_size
         while not sampler.done:
+            if self.between_rounds is not None:
+                self.between_rounds()
             first = me.dp_rank * per_group
             chosen = self._draw(step)
             problems = [self.stream.problems[i] for i in chosen[first : first + per_group]]

@@ -4,8 +4,9 @@ started by the learner's rank 0, :class:`scale.placement.disaggregated.Generator
 It builds the generator role from the run's config.json (tokenizer, prompt set and stream,
 its own engine), joins the bridge (:mod:`scale.dist.bridge`), and for each batch ``b`` of its
 range takes policy version :func:`dapo.pipeline.behaviour_version` ``(b, k)`` from the versions
-the learner published (received into host memory by a thread that does nothing else), loads
-it into the engine when the batch needs it, generates its slice of every round, decides
+the learner published (received into host memory at points every generator process passes
+in the same order, between rounds: :mod:`scale.placement.receive`), loads it into the engine
+when the batch needs it, generates its slice of every round, decides
 dynamic sampling together with the other generators over their own group, and sends its kept
 groups (and, from generator 0, the learners' plan and the metrics) to the learner's rank 0.
 """
@@ -16,7 +17,6 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -33,59 +33,7 @@ from ..dist.topology import Ranks
 from ..generator.data import PromptStream
 from ..generator.role import Generator
 from ..generator.rollout import batch_state
-
-
-class _Versions:
-    """Policy versions received from the learner, kept in host memory until the engine needs
-    them (filled by a thread that does nothing but receive, in increasing order)."""
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.held: dict[int, list[tuple[str, torch.Tensor]]] = {}
-        self.error: BaseException | None = None
-        self.floor = 0
-        """Versions below this were dropped (a generator never goes back)."""
-        self.newest = -1
-        """The newest version received."""
-        self.finished = False
-        """Every version this generator's batches need has been received."""
-
-    def put(self, version: int, tensors: list[tuple[str, torch.Tensor]]) -> None:
-        with self.cond:
-            self.held[version] = tensors
-            self.newest = max(self.newest, version)
-            self.cond.notify_all()
-
-    def finish(self) -> None:
-        with self.cond:
-            self.finished = True
-            self.cond.notify_all()
-
-    def fail(self, err: BaseException) -> None:
-        with self.cond:
-            self.error = err
-            self.cond.notify_all()
-
-    def take(self, version: int) -> list[tuple[str, torch.Tensor]]:
-        """Version ``version``, waiting for it while it can still arrive; older versions are
-        dropped."""
-        with self.cond:
-            if version < self.floor:
-                raise RuntimeError(f"policy version {version} was asked for after version {self.floor}")
-            self.floor = version
-            while version not in self.held:
-                if self.error is not None:
-                    raise RuntimeError(f"receiving policy versions failed: {self.error}") from self.error
-                if self.newest > version or self.finished:
-                    raise RuntimeError(
-                        f"waiting for policy version {version}, which can no longer arrive (the "
-                        f"learner has sent up to version {self.newest}"
-                        f"{' and nothing more is due' if self.finished else ''}); a schedule bug"
-                    )
-                self.cond.wait(1.0)
-            for v in [v for v in self.held if v < version]:
-                del self.held[v]
-            return self.held[version]
+from .receive import Receiver
 
 
 def _engine(
@@ -196,23 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     stream = PromptStream(train.problems, seed=d.shuffle_seed)
     stream.load_state_dict(hello["stream"])
-    versions = _Versions()
     engine = _engine(cfg, i, hello["max_model_len"], tokenizer, shm_ident)
     # the weights group only now that the engine exists (scale.placement.disaggregated GeneratorPool._join_weights)
     batches.post(f"ready/{g}")
     batches.wait("join", "the learner to send its first policy version")
     weights = bridge.group(kv, "weights", g + 1, procs + 1, timeout, backend=backend)
-
-    def receive() -> None:
-        try:
-            for v in versions_needed(first, last, k, cfg.rollout.partial, floor):
-                versions.put(v, bridge.recv_weights(weights, v))
-            versions.finish()
-        except BaseException as err:  # the main thread reports it
-            versions.fail(err)
-
-    receiver = threading.Thread(target=receive, name="dapo-generator-weights", daemon=True)
-    receiver.start()
+    # received at points every generator process passes in the same order, never beside
+    # generation (scale.placement.receive: NCCL's rule for two communicators on one device)
+    versions = Receiver(weights, versions_needed(first, last, k, cfg.rollout.partial, floor), leader=g == 0)
     trace_path = Path(args.run_dir) / "trace" / f"generator{i}.jsonl"
     step = [first]
 
@@ -232,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         ranks=Ranks(g, procs, tp),
         comm=bridge.PickledComm(peers),
         trace=trace if cfg.output.trace_rollouts and j == 0 else None,
+        between_rounds=versions.point,
     )
     loaded = -1
 
@@ -283,7 +223,6 @@ def main(argv: list[str] | None = None) -> int:
             message["warnings"] = [str(w.message) for w in caught]
         batches.post(f"batch/{b}/{i}")  # the learner receives it as soon as it sees this
         batches.send(message, bridge.LEARNER, f"the learner to take batch {b}")
-    receiver.join(timeout)
     if (shutdown := getattr(engine, "shutdown", None)) is not None:
         with unfreeze_deferred():  # its collections skip the frozen heap: the process ends here
             shutdown()
