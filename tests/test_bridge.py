@@ -227,6 +227,25 @@ def test_a_wait_longer_than_the_collective_timeout_ends_when_the_other_side_is_r
     assert torch.equal(v0[0][1], torch.zeros(4)) and torch.equal(v1[0][1], torch.ones(4))
 
 
+def test_a_generation_round_longer_than_the_collective_timeout_ends_in_the_all_gather():
+    """The generators' all-gather ends each round; the group's timeout is 1 s and one generator's
+    round takes 3 s: the others wait on the host, then gather (before: gloo gave up after 1 s)."""
+    kv = _stores(3)
+
+    def generator(r: int) -> list[Any]:
+        comm = bridge.PickledComm(bridge.group(kv[r], "generators", r, 3, 1.0))
+        out = []
+        for n in range(2):
+            if r == 2 and n == 1:
+                time.sleep(3.0)  # a round longer than the timeout
+            out.append(comm.all_gather({"rank": r, "round": n}, f"round {n}"))
+        return out
+
+    got = _together(*[lambda r=r: generator(r) for r in range(3)])
+    want = [[{"rank": r, "round": n} for r in range(3)] for n in range(2)]
+    assert got == [want] * 3
+
+
 def _dies_after(polls: int) -> Callable[[], None]:
     """An ``alive`` check whose other side has died: it raises from the ``polls + 1``-th call."""
     calls = []

@@ -180,15 +180,24 @@ def digest(named: list[tuple[str, torch.Tensor]]) -> str:
 class PickledComm:
     """:class:`scale.dist.topology.Comm`'s ``all_gather`` over a :class:`Group` (the generators'
     dynamic sampling). The sampler's ``exchange`` is not used across processes here: the
-    generators send their kept groups to the learner instead."""
+    generators send their kept groups to the learner instead.
+
+    Each all-gather ends a generation round, and one generator's round can be longer than
+    another's by more than ``train.dist_timeout_s`` (a longer response, a slower GPU): every
+    member first says in the store that it has arrived and waits on the host for the others
+    (:func:`scale.dist.topology.await_ranks`), so the collective starts only once all are there."""
 
     def __init__(self, group: Group):
         self.group = group
+        self.calls = 0
 
     def all_gather(self, obj: Any, what: str) -> list[Any]:
         if self.group.size == 1:
             return [obj]
-        return [pickle.loads(b) for b in self.group.all_gather_bytes(pickle.dumps(obj), what)]
+        n, self.calls = self.calls, self.calls + 1
+        g = self.group
+        await_ranks(g.kv, f"gather/{n}", g.rank, g.size, f"the other generators to finish {what}")
+        return [pickle.loads(b) for b in g.all_gather_bytes(pickle.dumps(obj), what)]
 
 
 def store(host: str, port: int, *, is_master: bool, members: int, timeout_s: float) -> Any:
