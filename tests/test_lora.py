@@ -152,6 +152,29 @@ def test_merged_stream_equals_peft_merge_name_for_name(tiny):
     assert weights_header(lm, torch.float32) == [(k, list(v.shape), "float32") for k, v in ref.items()]
 
 
+@pytest.mark.parametrize(
+    ("target", "why"),
+    [
+        (
+            "embed_tokens",
+            "model.embed_tokens is a Embedding layer (the sync merges adapters on linear layers only)",
+        ),
+        ("lm_head", "lm_head is tied to the input embeddings"),
+    ],
+)
+def test_an_adapter_the_sync_cannot_merge_is_refused_in_one_line(tiny, target, why):
+    """Issue 71: with embed_tokens adapted, PEFT keeps its adapters in lora_embedding_A/B, which
+    the merged stream skipped: the engine got the base embedding, silently. The tied lm_head
+    would reach the engine merged beside a base embed_tokens. Both refused, naming the layer."""
+    from scale.learner.sharding import load_lm
+
+    with pytest.raises(ValueError) as err:
+        load_lm(lora_cfg(tiny, f"model.lora.target_modules=[q_proj, {target}]"), torch.float32, False)
+    said = str(err.value)
+    assert why in said and said.startswith("model.lora.target_modules=['q_proj', " + repr(target))
+    assert "\n" not in said
+
+
 def batch(pad_id: int = PAD):
     from dp_worker import batch as dp_batch
 

@@ -86,7 +86,35 @@ def wrap(lm: nn.Module, lora: Any, seed: int = 0) -> nn.Module:
         raise ValueError(
             f"model.lora.target_modules={list(lora.target_modules)} matched no layer of {type(lm).__name__}"
         )
+    unmergeable(wrapped, lora)
     return wrapped
+
+
+def unmergeable(wrapped: nn.Module, lora: Any) -> None:
+    """Refuse, in one line, an adapted layer the weight sync cannot merge (:func:`merged_plan`
+    merges ``W + s B A`` on plain linear layers): an embedding (PEFT keeps its adapters in
+    ``lora_embedding_A/B``, which the stream skipped: the engine got the base weight, silently),
+    any other layer type, a ``fan_in_fan_out`` layer, or a layer whose weight is tied to another
+    (the tied output layer: the engine would get one merged copy and one base copy)."""
+    from peft.tuners.lora.layer import Linear
+
+    tied = bool(getattr(getattr(wrapped, "config", None), "tie_word_embeddings", False))
+    for name, module in wrapped.named_modules():
+        if not hasattr(module, "lora_A"):
+            continue
+        short = name.removeprefix(PREFIX)
+        if not isinstance(module, Linear) or getattr(module, "lora_embedding_A", None):
+            why = f"a {type(module).__name__} layer (the sync merges adapters on linear layers only)"
+        elif getattr(module, "fan_in_fan_out", False):
+            why = "a fan_in_fan_out layer (the sync merges W + s B A, not its transpose)"
+        elif tied and short.endswith("lm_head"):
+            why = "tied to the input embeddings (tie_word_embeddings: the engine would hold two different copies)"
+        else:
+            continue
+        raise ValueError(
+            f"model.lora.target_modules={list(lora.target_modules)}: {short} is {why}; adapt linear "
+            "projections only (the default: every attention and MLP projection)"
+        )
 
 
 def is_lora(lm: nn.Module) -> bool:
@@ -162,4 +190,14 @@ def merge(w: Tensor, a: Tensor, b: Tensor, scale: float) -> Tensor:
     return w.float() + (b.float() @ a.float()) * scale
 
 
-__all__ = ["Part", "is_lora", "merge", "merged_plan", "param_counts", "require_peft", "trainable", "wrap"]
+__all__ = [
+    "Part",
+    "is_lora",
+    "merge",
+    "merged_plan",
+    "param_counts",
+    "require_peft",
+    "trainable",
+    "unmergeable",
+    "wrap",
+]
