@@ -54,6 +54,7 @@ import math
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -105,9 +106,13 @@ class Verdicts:
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
 
-    def add(self, item: str, ok: bool | None, value: Any, threshold: str) -> None:
+    def add(self, item: str, ok: bool | None, value: Any, threshold: str, why: str = "") -> None:
+        """``ok`` None: the item cannot run here (``why`` says why: no CUDA device, no vLLM)."""
         verdict = "skipped" if ok is None else ("pass" if ok else "fail")
-        self.items.append({"item": item, "verdict": verdict, "value": value, "threshold": threshold})
+        entry = {"item": item, "verdict": verdict, "value": value, "threshold": threshold}
+        if ok is None and why:
+            entry["why"] = why
+        self.items.append(entry)
 
     @property
     def failed(self) -> list[str]:
@@ -117,7 +122,8 @@ class Verdicts:
         width = max((len(x["item"]) for x in self.items), default=10)
         lines = [f"{'item':<{width}}  verdict  value  (threshold)"]
         for x in self.items:
-            lines.append(f"{x['item']:<{width}}  {x['verdict']:<7}  {x['value']}  ({x['threshold']})")
+            said = f"cannot run here: {x['why']}" if "why" in x else f"{x['value']}  ({x['threshold']})"
+            lines.append(f"{x['item']:<{width}}  {x['verdict']:<7}  {said}")
         return "\n".join(lines)
 
 
@@ -789,6 +795,265 @@ def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     }
 
 
+ONE_GPU_STEPS = 2
+"""Steps of the one-GPU phase's full run (checkpointed at its last), resumed for one more."""
+ONE_GPU_LORA = ("model.lora.rank=32", "model.lora.alpha=32", "train.lr=1.0e-5")
+"""The LoRA run: the 1.5B preset's suggestion (scale/configs/qwen2.5-math-1.5b-dapo.yaml)."""
+
+
+def _nccl_one_rank() -> tuple[bool, str]:
+    """A one-rank NCCL group on this GPU (from a store, as the bridge builds its groups): an
+    all-reduce, a broadcast and an all-gather of objects staged on the device."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, timeout=timedelta(seconds=60))
+    try:
+        t = torch.arange(4, dtype=torch.float32, device="cuda")
+        dist.all_reduce(t)
+        dist.broadcast(t, 0)
+        got: list[Any] = [None]
+        dist.all_gather_object(got, {"rank": 0})
+        torch.cuda.synchronize()
+        ok = torch.equal(t.cpu(), torch.arange(4, dtype=torch.float32)) and got == [{"rank": 0}]
+        return ok, f"all_reduce, broadcast, all_gather_object on cuda:{torch.cuda.current_device()}"
+    finally:
+        dist.destroy_process_group()
+
+
+def one_gpu(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
+    """What one GPU can show without vLLM (the machine this project can be lent: one H100 or
+    H200, PyTorch, transformers, accelerate and PEFT, no vLLM, no network). ``dapo train`` runs
+    the 1.5B preset's single-process settings on this model shape with the HF engine: 2 bf16
+    steps checkpointed at the second, the same run resumed for a third, and 2 LoRA steps.
+    Items: the launch environment (and the allocator's expandable segments on a GPU), one-rank
+    NCCL collectives, the runs' exits and finite losses, the engine/learner log-prob gap at
+    every step (bf16 both sides), the update's measured peak memory against ``dapo plan``'s
+    training phase for the same config (full and LoRA), LoRA's saving, the resume, and where
+    vLLM is importable on a GPU the vLLM check itself (this script at world size 1)."""
+    import importlib.util
+
+    import torch
+
+    from scale.config import load
+    from scale.ops.plan import Cluster, plan
+    from scale.ops.tiny import build_tiny_data
+    from scale.rehearsal.run import _launch, _metrics, _wait
+
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.cpu:
+        raise RuntimeError("no CUDA device: this check needs a GPU (--cpu runs its code on CPU processes)")
+    report: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": cuda,
+        "launch_env_inherited": LAUNCH_INHERITED,
+    }
+    if cuda:
+        props = torch.cuda.get_device_properties(0)
+        report["gpu"] = {
+            "name": props.name,
+            "memory_gib": _gib(props.total_memory),
+            "count": torch.cuda.device_count(),
+        }
+
+    inherited = LAUNCH_INHERITED["PYTORCH_CUDA_ALLOC_CONF"]
+    expandable = _expandable_segments()
+    v.add(
+        "allocator: started in the launch environment",
+        inherited == LAUNCH_ENV["PYTORCH_CUDA_ALLOC_CONF"] and expandable is not False,
+        f"PYTORCH_CUDA_ALLOC_CONF inherited {inherited!r}; expandable segments applied: "
+        + ("n/a (no CUDA allocator)" if expandable is None else str(expandable)),
+        f"inherited as dapo launch writes it ({LAUNCH_ENV['PYTORCH_CUDA_ALLOC_CONF']!r}), and on a GPU applied",
+    )
+    if cuda:
+        ok, what = _nccl_one_rank()
+        v.add("nccl: one-rank collectives on the GPU", ok, what, "the values back unchanged")
+    else:
+        v.add("nccl: one-rank collectives on the GPU", None, "", "GPU only", why="no CUDA device")
+
+    shape = dict(QWEN25_05B)
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+    if args.vocab:
+        shape.update(vocab_size=args.vocab, bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1)
+    tmp = Path(tempfile.mkdtemp(prefix="dapo-gpu-check-one-", dir=args.scratch))
+    args.scratch_used = tmp
+    build_model(tmp / "model", shape)
+    train, ev = build_tiny_data(tmp / "data")
+    groups = 4
+    overrides = [
+        f"model.path={tmp / 'model'}",
+        f"data.train={train}",
+        f"data.eval={ev}",
+        "data.template=none",
+        "data.chat_template=false",
+        "data.max_prompt_tokens=64",
+        "rollout.engine=hf",
+        f"rollout.gen_groups={groups}",
+        f"algo.train_groups={groups}",
+        f"algo.mini_batch_groups={groups // 2}",
+        f"algo.group_size={GROUP}",
+        "algo.dynamic_sampling=false",  # a random model is never right: every group would be rejected
+        f"algo.expected_len={args.response * 3 // 4}",
+        f"algo.cache_len={args.response - args.response * 3 // 4}",
+        f"train.max_tokens_per_micro_batch={args.max_tokens}",
+        "eval.every=0",
+        "diagnose.every_steps=0",
+        "output.trackers=[]",
+        f"output.checkpoint_every={ONE_GPU_STEPS}",
+    ]
+    logs = tmp / "logs"
+    logs.mkdir()
+    config = "qwen2.5-math-1.5b-dapo"
+
+    def train_run(
+        name: str, extra: list[str], flags: list[str], run: str | None = None
+    ) -> tuple[list[int], list[dict[str, Any]], float]:
+        t0 = time.perf_counter()
+        procs = _launch(tmp / (run or name), [*overrides, *extra], 1, 1, logs / name, flags, config=config)
+        rc = _wait(procs, args.timeout, f"the {name} run")
+        return rc, _metrics(tmp / (run or name)), time.perf_counter() - t0
+
+    def tail(name: str) -> str:
+        lines = [
+            x for f in sorted(logs.glob(f"{name}*.log")) for x in f.read_text(errors="replace").splitlines()
+        ]
+        lines = [x for x in lines if x.strip()]
+        return f"; last line: {lines[-1][:300]}" if lines else ""
+
+    def finite(rows: list[dict[str, Any]]) -> bool:
+        return all(
+            isinstance(r.get("actor/loss"), (int, float)) and math.isfinite(r["actor/loss"]) for r in rows
+        ) and all(r.get("actor/optimizer_steps", 0) >= 1 for r in rows)
+
+    rc, full, seconds = train_run("full", [f"train.steps={ONE_GPU_STEPS}"], ["--fresh"])
+    v.add(
+        "train: bf16 steps of the trainer with the HF engine",
+        rc == [0] and len(full) == ONE_GPU_STEPS and finite(full),
+        f"exit {rc}, {len(full)} rows, losses {[r.get('actor/loss') for r in full]}, {seconds:.0f} s"
+        + ("" if rc == [0] else tail("full")),
+        f"exit 0, {ONE_GPU_STEPS} rows, finite losses, >= 1 optimizer step each",
+    )
+    rc_r, rows, seconds_r = train_run(
+        "resume", [f"train.steps={ONE_GPU_STEPS + 1}"], ["--resume", "auto"], run="full"
+    )
+    said = any(
+        f"at step {ONE_GPU_STEPS}" in x and "resumed from" in x
+        for f in sorted(logs.glob("resume*.log"))
+        for x in f.read_text(errors="replace").splitlines()
+    )
+    v.add(
+        "checkpoint: saved and resumed",
+        rc_r == [0] and len(rows) == ONE_GPU_STEPS + 1 and said and finite(rows[ONE_GPU_STEPS:]),
+        f"exit {rc_r}, {len(rows)} rows, resumed at step {ONE_GPU_STEPS}: {said}, {seconds_r:.0f} s"
+        + ("" if rc_r == [0] else tail("resume")),
+        f"--resume auto continues at step {ONE_GPU_STEPS} and trains step {ONE_GPU_STEPS + 1}",
+    )
+    gaps = [(r.get("mismatch/logp_gap"), r.get("mismatch/logp_gap_max")) for r in rows]
+    v.add(
+        "engine = learner: log-prob gap (bf16)",
+        bool(gaps)
+        and all(
+            a is not None and b is not None and a < args.max_gap_mean and b < args.max_gap for a, b in gaps
+        ),
+        gaps,
+        f"mean < {args.max_gap_mean}, max < {args.max_gap} at every step (the HF engine samples with the trainer's "
+        "module; the gap is generation's numerics against the update's forward)",
+    )
+    lora: list[dict[str, Any]] = []
+    seconds_l = 0.0
+    if cuda:
+        rc_l, lora, seconds_l = train_run(
+            "lora", [f"train.steps={ONE_GPU_STEPS}", *ONE_GPU_LORA], ["--fresh"]
+        )
+        v.add(
+            "LoRA: bf16 steps (the adapters train, the engine gets merged weights)",
+            rc_l == [0] and len(lora) == ONE_GPU_STEPS and finite(lora),
+            f"exit {rc_l}, {len(lora)} rows, {seconds_l:.0f} s" + ("" if rc_l == [0] else tail("lora")),
+            f"exit 0, {ONE_GPU_STEPS} rows, finite losses",
+        )
+    else:  # its items here are the GPU's memory; LoRA runs on CPU processes in tests/test_lora.py
+        v.add(
+            "LoRA: bf16 steps (the adapters train, the engine gets merged weights)",
+            None,
+            "",
+            "exit 0, finite losses",
+            why="on CPU the LoRA run shows nothing this check measures (tests/test_lora.py trains LoRA on CPU processes)",
+        )
+    # measured against the arithmetic: dapo plan for the same config on this GPU
+    gpu_gib = report["gpu"]["memory_gib"] if cuda else 80.0
+    cluster = Cluster(nodes=1, gpus_per_node=1, gpu_mem_gib=gpu_gib)
+    planned = {
+        name: plan(load(config, [*overrides, *extra]), cluster).train_phase_gib
+        for name, extra in (("full", []), ("lora", list(ONE_GPU_LORA)))
+    }
+    measured = {
+        name: max((r.get("memory/update_peak_gib") or 0.0 for r in got), default=0.0)
+        for name, got in (("full", full), ("lora", lora))
+    }
+    report.update(planned_train_gib=planned, measured_update_peak_gib=measured)
+    for name in ("full", "lora"):
+        v.add(
+            f"memory: the update's peak within dapo plan ({name})",
+            (0 < measured[name] <= planned[name]) if cuda else None,
+            f"measured {measured[name]:.2f} GiB, planned {planned[name]:.2f} GiB",
+            "measured <= planned (the plan is what a user sizes GPUs by)",
+            why="" if cuda else "no CUDA allocator to measure",
+        )
+    v.add(
+        "LoRA: the update's peak below full fine-tuning's",
+        (measured["lora"] < measured["full"]) if cuda else None,
+        f"LoRA {measured['lora']:.2f} GiB against full {measured['full']:.2f} GiB (planned "
+        f"{planned['lora']:.2f} against {planned['full']:.2f})",
+        "LoRA's measured peak lower",
+        why="" if cuda else "no CUDA allocator to measure",
+    )
+    if cuda and importlib.util.find_spec("vllm") is not None:
+        out = tmp / "vllm_check.json"
+        done = subprocess.run(
+            [
+                "torchrun",
+                "--standalone",
+                "--nproc-per-node",
+                "1",
+                str(Path(__file__).resolve()),
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=args.timeout,
+        )
+        got = json.loads(out.read_text()) if out.is_file() else {"items": [], "failed": ["(did not finish)"]}
+        for x in got["items"]:
+            v.add(
+                f"vllm: {x['item']}",
+                None if x["verdict"] == "skipped" else x["verdict"] == "pass",
+                x["value"],
+                x["threshold"],
+            )
+        report["vllm_check"] = {"exit": done.returncode, "failed": got["failed"]}
+    else:
+        v.add(
+            "vllm: the engine items (benchmarks/gpu_check.py)",
+            None,
+            "",
+            "where vLLM is importable on a GPU",
+            why="vLLM is not installed"
+            if cuda
+            else "no CUDA device (--cpu: tests/test_gpu_check.py runs them)",
+        )
+    report["seconds"] = {
+        "full": round(seconds, 1),
+        "resume": round(seconds_r, 1),
+        "lora": round(seconds_l, 1),
+    }
+    return report
+
+
 def _scratch() -> Path:
     """The directory every rank of the node shares (rank 0 writes the model there): one per
     torchrun (its run id), under ``--scratch`` or the system's temporary directory."""
@@ -831,6 +1096,11 @@ def main() -> int:
         action="store_true",
         help="check the disaggregated placement (plain python: it launches dapo train itself)",
     )
+    ap.add_argument(
+        "--one-gpu",
+        action="store_true",
+        help="the check for one GPU without vLLM (plain python: it launches dapo train itself; < 8 min on an H100)",
+    )
     ap.add_argument("--timeout", type=float, default=900.0, help="--disaggregated: the run's limit (s)")
     ap.add_argument(
         "--max-publish-s", type=float, default=60.0, help="--disaggregated: longest broadcast of a version"
@@ -856,12 +1126,20 @@ def main() -> int:
     if args.scratch:
         args.scratch.mkdir(parents=True, exist_ok=True)
         os.environ["DAPO_GPU_CHECK_SCRATCH"] = str(args.scratch)
-    name = "gpu_check_disaggregated.json" if args.disaggregated else "gpu_check.json"
+    name = (
+        "gpu_check_disaggregated.json"
+        if args.disaggregated
+        else "gpu_check_one_gpu.json"
+        if args.one_gpu
+        else "gpu_check.json"
+    )
     out = args.out or (
         Path(os.environ["OUT"]) / name if os.environ.get("OUT") else ROOT / "benchmarks/results" / name
     )
     if args.disaggregated:
-        return _report_disaggregated(args, out)
+        return _report_phase(args, out, disaggregated, "--disaggregated")
+    if args.one_gpu:
+        return _report_phase(args, out, one_gpu, "--one-gpu")
     rank = int(os.environ.get("RANK", "0"))
     from scale.dist.collective_devices import checked, compute_device
 
@@ -896,14 +1174,16 @@ def main() -> int:
     return 1 if report["failed"] else 0
 
 
-def _report_disaggregated(args: argparse.Namespace, out: Path) -> int:
+def _report_phase(args: argparse.Namespace, out: Path, phase: Any, flag: str) -> int:
+    """A phase that launches ``dapo train`` itself (``--disaggregated``, ``--one-gpu``): its
+    items, the JSON, the table, the exit status."""
     verdicts = Verdicts()
     args.scratch_used = None
     try:
-        report = disaggregated(args, verdicts)
+        report = phase(args, verdicts)
     except Exception as err:
         report = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:]}
-        print(f"gpu_check --disaggregated: {report['error']}", file=sys.stderr)
+        print(f"gpu_check {flag}: {report['error']}", file=sys.stderr)
     report["items"] = verdicts.items
     report["failed"] = verdicts.failed + (["(the check did not finish)"] if "error" in report else [])
     report["command"] = " ".join(sys.argv)

@@ -48,6 +48,7 @@ SCHEMA: dict[str, str] = {
     "time/update_s": "seconds in the update (old log-probs + optimizer steps)",
     "time/sync_s": "seconds syncing weights into the rollout engine",
     "time/step_s": "seconds for the whole training step",
+    "memory/update_peak_gib": "peak GPU memory allocated during the update, GiB (the largest rank; GPU runs only)",
     "actor/lr": "learning rate after this step's schedule update",
     # actor: from the update
     "actor/entropy": "mean per-token entropy of the full next-token distribution (Fig. 2b; first PPO epoch, steps taken)",

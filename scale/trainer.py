@@ -56,7 +56,7 @@ def _labelled_barrier(what: str) -> None:
         barrier()
 
 
-PER_RANK_METRICS = ("time/", "sync/")
+PER_RANK_METRICS = ("time/", "sync/", "memory/")
 """Metrics measured on each rank (the run logs the largest); all others are global."""
 
 
@@ -128,9 +128,14 @@ class Trainer:
             pad = empty_groups(need - have, c.algo.group_size, t_len, self.prompts.pad_id)
             batch = pad if batch is None else RolloutBatch.concat([batch, pad])
         self.placement.before_update()
+        cuda = self.acc.device.type == "cuda"
+        if cuda:  # the update's own peak (dapo plan's training phase; the GPU checks compare them)
+            torch.cuda.reset_peak_memory_stats()
         t1 = time.perf_counter()
         m.update(self.learner.step(batch))
         t2 = time.perf_counter()
+        if cuda:
+            m["memory/update_peak_gib"] = torch.cuda.max_memory_allocated() / (1 << 30)
         m.update(self.placement.publish(self.step + 1))
         m["time/update_s"] = t2 - t1
         m["time/sync_s"] = time.perf_counter() - t2

@@ -237,3 +237,61 @@ def test_the_gpu_checks_disaggregated_phase_fails_a_generator_whose_loads_do_not
     assert r["exit"] == [0] and r["k0_exit"] == [0] and len(r["logp_gap"]) == 7
     assert r["logp_gap"][4][0] < 0.05 <= r["logp_gap"][6][0]  # version 4 loaded; 6 not, 4 held
     assert done.returncode == 1 and f"FAILED: {LEG}" in done.stdout
+
+
+ONE_GPU_ITEMS = {
+    "allocator: started in the launch environment": "pass",
+    "nccl: one-rank collectives on the GPU": "skipped",
+    "train: bf16 steps of the trainer with the HF engine": "pass",
+    "checkpoint: saved and resumed": "pass",
+    "engine = learner: log-prob gap (bf16)": "pass",
+    "LoRA: bf16 steps (the adapters train, the engine gets merged weights)": "skipped",
+    "memory: the update's peak within dapo plan (full)": "skipped",
+    "memory: the update's peak within dapo plan (lora)": "skipped",
+    "LoRA: the update's peak below full fine-tuning's": "skipped",
+    "vllm: the engine items (benchmarks/gpu_check.py)": "skipped",
+}
+
+
+def test_the_one_gpu_check_rehearses_on_cpu_and_says_what_it_cannot_run_here(tmp_path):
+    """``--one-gpu`` (issue 71: the machine this project can be lent is one GPU without vLLM)
+    runs dapo train itself: 2 steps with the HF engine checkpointed, resumed for a third, 2 LoRA
+    steps. On CPU the same code path: what a CPU can show passes, the GPU-only items (NCCL,
+    measured memory against dapo plan, the LoRA run whose items are memory, LoRA's saving, the
+    vLLM items) say why they cannot run."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "one.json"
+    args = [
+        "--one-gpu",
+        "--cpu",
+        "--layers",
+        "2",
+        "--vocab",
+        "2048",
+        "--response",
+        "24",
+        "--max-tokens",
+        "96",
+    ]
+    args += ["--timeout", "400", "--out", str(out), "--scratch", str(tmp_path / "scratch")]
+    env = {
+        **os.environ,
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/gpu_check.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=env,
+    )
+    r = json.loads(out.read_text())
+    assert "error" not in r, (r.get("traceback"), done.stderr[-2000:])
+    assert {x["item"]: x["verdict"] for x in r["items"]} == ONE_GPU_ITEMS, r["items"]
+    assert all(x.get("why") for x in r["items"] if x["verdict"] == "skipped")
+    assert r["failed"] == [] and done.returncode == 0 and "cannot run here: no CUDA device" in done.stdout
+    assert r["planned_train_gib"]["lora"] < r["planned_train_gib"]["full"]  # the plan's arithmetic, recorded
+    assert r["scratch"].startswith("removed") and not any((tmp_path / "scratch").iterdir())

@@ -246,6 +246,16 @@ def test_plan_and_validate_only_refuse_what_cannot_fit_before_any_model_loads(ca
     k = load("qwen2.5-32b-dapo", DISAGGREGATED).rollout.max_staleness
     assert held == pytest.approx(2 * (k + 2) * 2 * KNOWN["Qwen/Qwen2.5-32B"].params() / GiB)  # 2 generators
     assert got["checkpoints_kept_gb"] == pytest.approx(3 * got["checkpoint_gb"])
+    # the batches in flight are part of each checkpoint (issue 71: they were not counted)
+    assert k == 0 and got["in_flight_gb"] == 0 and "in flight" not in out
+    assert main([*argv, "rollout.max_staleness=2"]) == 1
+    assert "+ 2 batch(es) in flight" in capsys.readouterr().out
+    assert main([*argv, "rollout.max_staleness=2", "--json"]) == 1
+    two = json.loads(capsys.readouterr().out)
+    params = KNOWN["Qwen/Qwen2.5-32B"].params()
+    assert two["in_flight_gb"] > 0 and two["checkpoint_gb"] == pytest.approx(
+        12 * params / 1e9 + two["in_flight_gb"]
+    )
     # host memory: a node with too little is refused by its term
     assert main([*argv[:-7], "--nodes", "16", "--host-mem", "100"]) == 1
     assert "host memory: " in capsys.readouterr().out
@@ -317,3 +327,54 @@ def test_a_lora_policy_plans_gradients_and_adamw_for_its_adapters_only():
     assert lora.per_gpu_gib["AdamW moments (sharded)"] == pytest.approx(8 * want / GiB)
     assert full.per_gpu_gib["AdamW moments (sharded)"] == pytest.approx(8 * a.params() / GiB)
     assert not full.fits and lora.train_phase_gib < full.train_phase_gib - 80
+
+
+def test_the_plans_in_flight_bytes_are_what_a_checkpoint_stores():
+    """fit.in_flight_bytes against the bytes batch_state's archive takes for batches at full
+    length (every response at algo.max_len, every prompt at data.max_prompt_tokens), k of
+    them: within 2% at this small shape (torch.save's framing, ~4 KB an archive, is the rest;
+    nothing at a real batch's gigabytes)."""
+    import torch
+
+    from dapo import RolloutBatch
+    from scale.dist.bridge import dump
+    from scale.generator.rollout import batch_state
+    from scale.ops.fit import in_flight_bytes
+
+    cfg = load(
+        "tiny-cpu",
+        [
+            "rollout.mode=disaggregated",
+            "rollout.max_staleness=2",
+            "eval.every=0",
+            "algo.train_groups=8",
+            "algo.mini_batch_groups=8",
+            "algo.group_size=4",
+            "algo.expected_len=384",
+            "algo.cache_len=128",
+            "data.max_prompt_tokens=64",
+        ],
+    )
+    a = cfg.algo
+    b, t, p = a.train_groups * a.group_size, a.max_len, cfg.data.max_prompt_tokens
+    batch = RolloutBatch(
+        old_logp=torch.zeros(b, t),
+        rollout_logp=torch.zeros(b, t),
+        mask=torch.ones(b, t, dtype=torch.bool),
+        lengths=torch.full((b,), t),
+        truncated=torch.zeros(b, dtype=torch.bool),
+        correct=torch.zeros(b, dtype=torch.bool),
+        rewards=torch.zeros(b),
+        group_ids=torch.arange(a.train_groups).repeat_interleave(a.group_size),
+        group_size=a.group_size,
+        extras={
+            "prompt_ids": torch.zeros(b, p, dtype=torch.long),
+            "prompt_len": torch.full((b,), p),
+            "response_ids": torch.zeros(b, t, dtype=torch.long),
+            "version": torch.zeros(b, t, dtype=torch.int32),
+        },
+    )
+    stored = cfg.rollout.max_staleness * len(dump(batch_state(batch)))
+    assert in_flight_bytes(cfg) == pytest.approx(stored, rel=0.02)
+    assert in_flight_bytes(cfg) < stored  # the tensors' own bytes: the framing comes on top
+    assert in_flight_bytes(load("tiny-cpu")) == 0.0  # colocated: nothing in flight

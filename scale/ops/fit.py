@@ -226,3 +226,30 @@ def host_bytes(cfg, params: int, *, nodes: int, gpus_per_node: int) -> dict[str,
 def checkpoint_bytes(params: int) -> float:
     """One checkpoint: fp32 parameters and both AdamW moments (12 B per parameter)."""
     return 12.0 * params
+
+
+BATCH_BYTES_PER_POSITION = 21
+"""A held batch's bytes per response position (:func:`scale.generator.rollout.batch_state`):
+``old_logp`` and ``rollout_logp`` (fp32), ``response_ids`` (int64), ``version`` (int32), ``mask``
+(bool)."""
+BATCH_BYTES_PER_PROMPT_POSITION = 8
+"""``prompt_ids`` (int64) per prompt position."""
+BATCH_BYTES_PER_RESPONSE = 30
+"""Per response: ``lengths``, ``prompt_len``, ``group_ids`` (int64), ``rewards`` (fp32),
+``truncated`` and ``correct`` (bool)."""
+
+
+def in_flight_bytes(cfg) -> float:  # type: ignore[no-untyped-def]
+    """The batches a disaggregated checkpoint holds in flight (``rollout.max_staleness`` of
+    them, :mod:`scale.placement.disaggregated`), each response padded to ``algo.max_len`` and
+    its prompt to ``data.max_prompt_tokens`` as :func:`~scale.generator.rollout.batch_state`
+    stores them: an upper bound (a generator pads to its own longest response); 0 colocated."""
+    if not cfg.disaggregated or cfg.rollout.max_staleness < 1:
+        return 0.0
+    a = cfg.algo
+    per_response = (
+        BATCH_BYTES_PER_POSITION * a.max_len
+        + BATCH_BYTES_PER_PROMPT_POSITION * cfg.data.max_prompt_tokens
+        + BATCH_BYTES_PER_RESPONSE
+    )
+    return float(cfg.rollout.max_staleness * a.train_groups * a.group_size * per_response)

@@ -364,9 +364,15 @@ def format_storage(storage: dict, cfg) -> str:
     lines += [f"  {k:<48} {v:8.0f}" for k, v in storage["host_memory_per_node_gib"].items()]
     have = storage["host_memory_available_gib"]
     lines.append(f"  {'available':<48} " + ("unknown (--host-mem)" if math.isnan(have) else f"{have:8.0f}"))
+    flight = storage.get("in_flight_gb", 0.0)
+    held = (
+        f"; + {cfg.rollout.max_staleness} batch(es) in flight, {flight:,.1f} GB, padded to algo.max_len"
+        if flight
+        else ""
+    )
     lines.append(
         f"checkpoints: {storage['checkpoint_gb']:,.0f} GB each (fp32 parameters and AdamW moments, 12 B per "
-        f"parameter); output.keep_checkpoints={cfg.output.keep_checkpoints}: "
+        f"parameter{held}); output.keep_checkpoints={cfg.output.keep_checkpoints}: "
         f"{storage['checkpoints_kept_gb']:,.0f} GB"
     )
     return "\n".join(lines)
@@ -518,8 +524,10 @@ def main(argv: list[str] | None = None) -> int:
             + ")"
         )
     pl.fits = not pl.problems
-    ckpt = fit.checkpoint_bytes(pl.params)
+    flight = fit.in_flight_bytes(cfg)
+    ckpt = fit.checkpoint_bytes(pl.params) + flight
     storage = {
+        "in_flight_gb": flight / 1e9,
         "host_memory_per_node_gib": {k: v / GiB for k, v in host.items()},
         "host_memory_available_gib": gpu.host_gib,
         "checkpoint_gb": ckpt / 1e9,
