@@ -127,6 +127,30 @@ class Verdicts:
         return "\n".join(lines)
 
 
+def model_shape(args: argparse.Namespace) -> dict[str, Any]:
+    """Qwen2.5-0.5B's config with ``--layers`` and ``--vocab`` applied."""
+    shape = dict(QWEN25_05B)
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+    if args.vocab:
+        shape.update(vocab_size=args.vocab, bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1)
+    return shape
+
+
+def run_inputs(args: argparse.Namespace, name: str) -> tuple[Path, list[str]]:
+    """For a phase that launches ``dapo train`` itself: a scratch directory (``args.scratch_used``,
+    removed at the end) holding the model (:func:`model_shape`) and the tiny prompt set, and the
+    overrides that point the run at them."""
+    from scale.ops.tiny import build_tiny_data
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"dapo-gpu-check-{name}-", dir=args.scratch))
+    args.scratch_used = tmp
+    build_model(tmp / "model", model_shape(args))
+    train, ev = build_tiny_data(tmp / "data")
+    overrides = [f"model.path={tmp / 'model'}", f"data.train={train}", f"data.eval={ev}"]
+    return tmp, [*overrides, "data.template=none", "data.chat_template=false", "data.max_prompt_tokens=64"]
+
+
 def build_model(path: Path, shape: dict[str, Any]) -> None:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
@@ -268,11 +292,7 @@ def run(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     if not cuda and not args.cpu:
         raise RuntimeError("no CUDA device: this check needs a GPU (--cpu runs its code on CPU processes)")
     report["device"] = torch.cuda.get_device_name(0) if cuda else "cpu (--cpu: the code path only)"
-    shape = dict(QWEN25_05B)
-    if args.layers:
-        shape["num_hidden_layers"] = args.layers
-    if args.vocab:
-        shape.update(vocab_size=args.vocab, bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1)
+    shape = model_shape(args)
     report["model"] = shape
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -592,7 +612,6 @@ def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     import torch
 
     from dapo.pipeline import behaviour_version
-    from scale.ops.tiny import build_tiny_data
     from scale.placement.disaggregated import generator_gpus
     from scale.rehearsal.run import _generator_traces, _launch, _metrics, _wait
 
@@ -603,24 +622,10 @@ def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     learners = max(1, gpus - 1) if cuda else 1
     placed, shared = generator_gpus(gpus, learners, 1) if cuda else ([], True)
     backend = "gloo" if shared else "nccl"
-    shape = dict(QWEN25_05B)
-    if args.layers:
-        shape["num_hidden_layers"] = args.layers
-    if args.vocab:
-        shape.update(vocab_size=args.vocab, bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1)
-    tmp = Path(tempfile.mkdtemp(prefix="dapo-gpu-check-disaggregated-", dir=args.scratch))
-    args.scratch_used = tmp
-    build_model(tmp / "model", shape)
-    train, ev = build_tiny_data(tmp / "data")
+    tmp, overrides = run_inputs(args, "disaggregated")
     groups = 2 * learners
     steps = DISAGGREGATED_STEPS
-    overrides = [
-        f"model.path={tmp / 'model'}",
-        f"data.train={train}",
-        f"data.eval={ev}",
-        "data.template=none",
-        "data.chat_template=false",
-        "data.max_prompt_tokens=64",
+    overrides += [
         "rollout.mode=disaggregated",
         "rollout.generators=1",
         "rollout.max_staleness=2",
@@ -777,7 +782,7 @@ def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     return {
         "mode": "disaggregated",
         "device": torch.cuda.get_device_name(0) if cuda else "cpu (--cpu: the code path only)",
-        "model": shape,
+        "model": model_shape(args),
         "learners": learners,
         "generator_gpus": placed,
         "weights_backend": backend,
@@ -840,7 +845,6 @@ def one_gpu(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
 
     from scale.config import load
     from scale.ops.plan import Cluster, plan
-    from scale.ops.tiny import build_tiny_data
     from scale.rehearsal.run import _launch, _metrics, _wait
 
     cuda = torch.cuda.is_available()
@@ -874,23 +878,9 @@ def one_gpu(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
     else:
         v.add("nccl: one-rank collectives on the GPU", None, "", "GPU only", why="no CUDA device")
 
-    shape = dict(QWEN25_05B)
-    if args.layers:
-        shape["num_hidden_layers"] = args.layers
-    if args.vocab:
-        shape.update(vocab_size=args.vocab, bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1)
-    tmp = Path(tempfile.mkdtemp(prefix="dapo-gpu-check-one-", dir=args.scratch))
-    args.scratch_used = tmp
-    build_model(tmp / "model", shape)
-    train, ev = build_tiny_data(tmp / "data")
+    tmp, overrides = run_inputs(args, "one")
     groups = 4
-    overrides = [
-        f"model.path={tmp / 'model'}",
-        f"data.train={train}",
-        f"data.eval={ev}",
-        "data.template=none",
-        "data.chat_template=false",
-        "data.max_prompt_tokens=64",
+    overrides += [
         "rollout.engine=hf",
         f"rollout.gen_groups={groups}",
         f"algo.train_groups={groups}",

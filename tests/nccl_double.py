@@ -443,3 +443,16 @@ class StreamOrder:
                     ran = True
             if not ran:
                 return heads
+
+
+@contextmanager
+def instead_of_gloo(rank: int, world: int) -> Iterator[torch.device]:
+    """:func:`nccl_default` in place of the gloo default group a launcher made (tests/multiproc.py),
+    on its store. Every rank's gloo mesh is complete before any closes its sockets (a barrier
+    first): a rank that destroyed its group while another was still connecting failed that one
+    ("Connection closed by peer" in gloo's connectFullMesh, about 1 run in 5 under load)."""
+    store = dist.distributed_c10d._get_default_store()
+    dist.barrier()
+    dist.destroy_process_group()
+    with nccl_default(rank, world, dist.PrefixStore("nccl-double/", store)) as device:
+        yield device

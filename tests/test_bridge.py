@@ -307,13 +307,11 @@ def comm_ranks_under_nccl(rank, world):
     """``scale.dist.topology.Comm`` (all-gather of objects, the point-to-point exchange) and
     ``all_max`` over the default group as NCCL: each passes on the rank's device, and the same
     exchange staged on the host is refused with NCCL's words."""
-    from nccl_double import nccl_default
+    from nccl_double import instead_of_gloo
 
     from scale.dist.topology import Comm, Ranks, all_max
 
-    store = dist.distributed_c10d._get_default_store()
-    dist.destroy_process_group()
-    with nccl_default(rank, world, dist.PrefixStore("nccl-double/", store)) as device:
+    with instead_of_gloo(rank, world) as device:
         comm = Comm(Ranks(rank, world, 1), device)
         assert comm.all_gather({"rank": rank}, "test") == [{"rank": r} for r in range(world)]
         other = 1 - rank

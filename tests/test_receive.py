@@ -72,7 +72,7 @@ def _tensors(v: int) -> list[tuple[str, torch.Tensor]]:
     return [("w", torch.full((4,), float(v))), ("b", torch.full((2,), float(v), dtype=torch.bfloat16))]
 
 
-def _run(seed: int, make_receiver: Any) -> tuple[StreamOrder, dict[int, list[int]], list[BaseException]]:
+def _run(seed: int) -> tuple[StreamOrder, dict[int, list[int]], list[BaseException]]:
     """A learner and GENERATORS x TP generator processes (threads) over real gloo groups: the
     learner publishes version v after "training" step v (once batch v arrived); each generator
     process takes the version each batch needs, runs ROUNDS rounds of REDUCES all-reduces on
@@ -111,7 +111,7 @@ def _run(seed: int, make_receiver: Any) -> tuple[StreamOrder, dict[int, list[int
             order.record(device, "weights")
             return bridge.recv_weights(group, v)
 
-        versions = make_receiver(w, due, g, recv)
+        versions = Receiver(w, due, leader=g == 0, recv=recv)
         mine = seen.setdefault(g, [])
         n = 0
         for b in range(FIRST, LAST + 1):
@@ -120,8 +120,7 @@ def _run(seed: int, make_receiver: Any) -> tuple[StreamOrder, dict[int, list[int
             assert torch.equal(got[0][1], torch.full((4,), float(v))), (g, b, v)
             mine.append(v)
             for _ in range(ROUNDS):
-                if hasattr(versions, "point"):
-                    versions.point()
+                versions.point()
                 for _ in range(REDUCES):
                     time.sleep(delays[g + 1][n % 64])
                     n += 1
@@ -146,16 +145,12 @@ def _run(seed: int, make_receiver: Any) -> tuple[StreamOrder, dict[int, list[int
     return order, seen, errors
 
 
-def _agreed(w: bridge.Group, due: Any, g: int, recv: Any) -> Receiver:
-    return Receiver(w, due, leader=g == 0, recv=recv)
-
-
 @pytest.mark.parametrize("seed", range(3))
 def test_versions_received_at_agreed_points_never_hang_a_stream(seed):
     """Every generator process receives each version at the same point (same all-reduce count on
     both ranks of an engine): the stream model runs every queue to its end, every batch got the
     version it needs, and the run ends (no host wait across the generators' all-gather)."""
-    order, seen, errors = _run(seed, _agreed)
+    order, seen, errors = _run(seed)
     assert not errors, errors
     assert order.hang() is None
     want = [behaviour_version(b, K) for b in range(FIRST, LAST + 1)]

@@ -103,12 +103,9 @@ def sampling_ranks(rank, world, tp, out, nccl=False):
     (``tests/nccl_double.py``: every collective's tensors on this rank's device)."""
     if not nccl:
         return _sampling(rank, world, tp, out, "cpu")
-    import torch.distributed as dist
-    from nccl_double import nccl_default
+    from nccl_double import instead_of_gloo
 
-    store = dist.distributed_c10d._get_default_store()
-    dist.destroy_process_group()
-    with nccl_default(rank, world, dist.PrefixStore("nccl-double/", store)) as device:
+    with instead_of_gloo(rank, world) as device:
         _sampling(rank, world, tp, out, device)
 
 

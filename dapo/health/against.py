@@ -471,8 +471,6 @@ class _Stats:
     edges: list[tuple[int, int]]
     change: np.ndarray
     """Per block after the baseline: the run's change against the references' (transformed)."""
-    noise_var: np.ndarray
-    """Its variance under the noise model (module docstring, step 4)."""
     pooled: np.ndarray
     """The references' own changes' variance, pooled, times ``1 + 1/n`` (step 5; 0 with one
     reference)."""
@@ -482,23 +480,23 @@ class _Stats:
     """Per point: run - references' mean (transformed), less the baseline's mean of it."""
     run_noise: _noise.Noise
     ref_noise: list[_noise.Noise]
-    between: np.ndarray
-    """Per block: the references' between-run variance of a change, less their noise (0 with one
-    reference)."""
     ratio: bool
+
+    def noise_var(self, k: int) -> float:
+        """The noise model's variance of the mean change over ``k`` rows against the baseline
+        (module docstring, step 4): the run's own noise and the references' mean's."""
+        b = self.edges[0][1] - self.edges[0][0]
+        n = len(self.ref_noise)
+        run = self.run_noise.se(k) ** 2 + self.run_noise.se(b) ** 2
+        return run + sum(r.se(k) ** 2 + r.se(b) ** 2 for r in self.ref_noise) / n**2
 
     def tail(self, start: int, p: float) -> tuple[float, float, float]:
         """The mean of :attr:`diff` from point ``start`` to the end, its standard error and the
         quantile it is judged by at level ``p`` (:func:`_binding`): the noise of so many rows,
         and the pooled spread of the blocks it spans."""
-        m = len(self.diff) - start
-        b = self.edges[0][1]
-        n = len(self.ref_noise)
-        noise = self.run_noise.se(m) ** 2 + self.run_noise.se(b) ** 2
-        noise += sum(r.se(m) ** 2 + r.se(b) ** 2 for r in self.ref_noise) / n**2
         spans = [j for j, (_, hi) in enumerate(self.edges[1:]) if hi > start]
         pooled = float(np.mean(self.pooled[spans])) if spans else 0.0
-        sd, q = _binding(pooled, noise, self.df, p, self._floor())
+        sd, q = _binding(pooled, self.noise_var(len(self.diff) - start), self.df, p, self._floor())
         return float(np.mean(self.diff[start:])), sd, q
 
     def _floor(self) -> float:
@@ -528,16 +526,6 @@ def _stats(
         return x[..., e[0] : e[1]].mean(axis=-1)
 
     change = np.array([block(diff, e) for e in rest])
-    base_w = b1 - b0
-    noise_var = np.array(
-        [
-            run_noise.se(e[1] - e[0]) ** 2
-            + run_noise.se(base_w) ** 2
-            + sum(q.se(e[1] - e[0]) ** 2 + q.se(base_w) ** 2 for q in ref_noise) / n**2
-            for e in rest
-        ]
-    )
-    between = np.zeros(len(rest))
     pooled = np.zeros(len(rest))
     if n >= 2:
         # the prediction interval for one new run: the variance across the references of their
@@ -549,30 +537,10 @@ def _stats(
         own = np.array([[block(dev[i], e) - block(dev[i], edges[0]) for e in rest] for i in range(n)])
         s2 = own.var(axis=0, ddof=1)
         whole = float(np.mean(s2))
-        ref_var = np.array(
-            [np.mean([q.se(e[1] - e[0]) ** 2 + q.se(base_w) ** 2 for q in ref_noise]) for e in rest]
-        )
         for j in range(len(rest)):
-            near = max(whole, float(np.mean(s2[max(0, j - 1) : j + 2])))
-            pooled[j] = near * (1 + 1 / n)
-            between[j] = max(0.0, near - float(ref_var[j]))
-    return _Stats(
-        metric,
-        n,
-        steps,
-        raw,
-        centre,
-        edges,
-        change,
-        noise_var,
-        pooled,
-        n - 1 if n >= 2 else math.inf,
-        diff,
-        run_noise,
-        ref_noise,
-        between,
-        ratio,
-    )
+            pooled[j] = max(whole, float(np.mean(s2[max(0, j - 1) : j + 2]))) * (1 + 1 / n)
+    df = n - 1 if n >= 2 else math.inf
+    return _Stats(metric, n, steps, raw, centre, edges, change, pooled, df, diff, run_noise, ref_noise, ratio)
 
 
 def _binding(pooled: float, noise: float, df: float, p: float, floor: float) -> tuple[float, float]:
@@ -606,7 +574,9 @@ def _judge(st: _Stats, tests: int, config: AgainstConfig) -> MetricComparison:
     floor = st._floor()
     sd, q = (
         np.array(v)
-        for v in zip(*(_binding(pv, nv, st.df, p, floor) for pv, nv in zip(st.pooled, st.noise_var)))
+        for v in zip(
+            *(_binding(pv, st.noise_var(hi - lo), st.df, p, floor) for pv, (lo, hi) in zip(st.pooled, rest))
+        )
     )
     z = st.change / sd
     side = np.where(z > q, 1, np.where(z < -q, -1, 0))
