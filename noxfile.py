@@ -3,7 +3,7 @@
     nox -s tests        every test: core, toy experiments, health, planner, scale trainer on CPU
     nox -s toy          the four failure-mode experiments, the ladder and prompt selection in one
                         pass (``dapo toy suite``, about a minute on 2 cores); writes the toy gate
-    nox -s off_policy   the off-policy family at its planned 32 + 32 seeds -> runs/off_policy (~10 min)
+    nox -s off_policy   the off-policy family at its planned 45 + 45 seeds -> runs/off_policy (~15 min)
     nox -s report       health reports: the toy runs diagnosed, the rule confusion matrix, the calibration
     nox -s scale_smoke  a tiny random Qwen2 through accelerate + vLLM on CPU: train, export, eval
     nox -s rehearsal    a multi-node run on CPU: 2 simulated nodes x 2 processes, FSDP2, vLLM per
@@ -326,8 +326,8 @@ def toy(session: nox.Session) -> None:
 
 @nox.session
 def off_policy(session: nox.Session) -> None:
-    """The off-policy family (``dapo toy off-policy``) at the seed count its power calculation
-    sets (32 + 32) into runs/off_policy (``-- OUT`` elsewhere; reports/off_policy is the
+    """The off-policy family (``dapo toy off-policy``) at the seed count its procedure's simulated
+    power sets (45 + 45, seeds 64..153) into runs/off_policy (``-- OUT`` elsewhere; reports/off_policy is the
     committed one): the tolerated-staleness table ``dapo train`` reads."""
     _install(session, "toy,report")
     out = session.posargs[0] if session.posargs else "runs/off_policy"

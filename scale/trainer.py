@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,9 @@ class Trainer:
             else Colocated(cfg, ranks=self.ranks, **roles)
         )
         self.health = HealthMonitor(cfg.diagnose.every_steps, knobs=from_config(cfg.to_dict()))
+        self.watches: list[Callable[[dict[str, float]], str | None]] = []
+        """Called with each step's metrics on the main process; a line returned is logged (the
+        command adds its own: ``dapo train``'s staleness-by-movement placement)."""
         start_records(cfg, self.acc, self.prompts, log)
         # a resumed run: the metrics and traces of the steps that will run again dropped
         self.health.extend(
@@ -220,6 +224,11 @@ class Trainer:
                 if change and self.acc.is_main_process:
                     bar.clear()
                     self.log(f"step {self.step}: {change}")
+                for watch in self.watches if self.acc.is_main_process else []:
+                    said = watch(m)
+                    if said:
+                        bar.clear()
+                        self.log(f"step {self.step}: {said}")
                 self._write_metrics(m)
                 history.append(m)
                 bar.update(

@@ -67,8 +67,28 @@ def train(tiny, out, *extra, resume=False):
 def ref(tiny, tmp_path_factory):
     """The uninterrupted run."""
     out = tmp_path_factory.mktemp("ref") / "run"
-    train(tiny, out)
+    r = train(tiny, out)
+    (out.parent / "output.txt").write_text(r.stderr + r.stdout)
     return out
+
+
+def test_the_run_is_placed_on_the_toys_table_before_it_starts_and_by_its_movement(ref):
+    """k = 2 with partial rollouts and the default correction (token TIS): the start's line reads
+    the committed table's row by version count, then the run's own k3 KL between the sampling and
+    the learning policy places it on the same row (said at the first step that measures it), and
+    gate.json records the start's reading."""
+    err = (ref.parent / "output.txt").read_text()
+    assert (
+        "rollout.max_staleness=2: the toys" in err and "row 'dapo +partial, token_tis' read at k = 2" in err
+    )
+    moved = [x for x in err.splitlines() if "staleness by movement" in x]
+    assert moved and "the toys' row 'dapo +partial, token_tis' moves that far at k = " in moved[0], err[
+        -3000:
+    ]
+    kl = [m["mismatch/k3_kl"] for m in metrics(ref) if m.get("mismatch/k3_kl") is not None]
+    assert kl and f"{kl[0]:.2e} per token over 1 step(s)" in moved[0]
+    gate = json.loads((ref / "gate.json").read_text())
+    assert gate["staleness"]["row"] == "dapo +partial, token_tis" and gate["staleness"]["k"] == 2
 
 
 @pytest.fixture(scope="module")

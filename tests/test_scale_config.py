@@ -153,9 +153,10 @@ def test_disaggregated_placement_rules_and_default_correction():
     # k > 0: the algo section's own correction stays (the tiny preset: token TIS at 2) ...
     cfg = load("tiny-cpu", [*dis, "rollout.max_staleness=2"])
     assert (cfg.algo.tis_cap, cfg.algo.is_level) == (2.0, "token")
-    # ... without one, sequence-level TIS; a preset name replaces it; keep leaves it as written
+    # ... without one, token-level TIS (what the toys' table tolerates furthest); a preset name
+    # replaces it; keep leaves it as written
     cfg = load("tiny-cpu", [*dis, "rollout.max_staleness=2", "algo.tis_cap=null"])
-    assert (cfg.algo.tis_cap, cfg.algo.is_level) == (2.0, "sequence")
+    assert (cfg.algo.tis_cap, cfg.algo.is_level) == (2.0, "token")
     cfg = load("tiny-cpu", [*dis, "rollout.max_staleness=1", "rollout.correction=icepop"])
     assert (cfg.algo.tis_cap, cfg.algo.is_lower) == (5.0, 0.5)
     cfg = load("tiny-cpu", [*dis, "rollout.max_staleness=1", "algo.tis_cap=null", "rollout.correction=keep"])

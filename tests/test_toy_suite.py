@@ -33,7 +33,7 @@ def test_the_suite_writes_every_familys_files_and_equals_the_separate_commands(t
     for name in ("entropy_collapse", "zero_gradient", "length_bias", "truncation_noise"):
         assert (out / "toy" / name / "metrics.jsonl").is_file()
     assert (out / "ladder" / "README.md").is_file() and (out / "ladder" / "ladder.json").is_file()
-    # the off-policy family is its own job (its table needs 32 + 32 seeds), and the suite says so
+    # the off-policy family is its own job (its table needs 45 + 45 seeds), and the suite says so
     assert not (out / "off_policy").exists()
     # the closing lines: the four verdicts, where each report is, and where the off-policy family is
     tail = printed[printed.index("== the four failure modes") :]

@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the four failure modes, the Table-1 ladder and prompt selection as one set of "
         "runs over the cores, then write what each family's own command writes under OUT/toy, "
         "OUT/ladder and OUT/prompt_selection (what `nox -s toy` runs). The off-policy family is its "
-        "own job (`dapo toy off-policy`, `nox -s off_policy`): its table needs 32 + 32 seeds.",
+        "own job (`dapo toy off-policy`, `nox -s off_policy`): its table needs 45 + 45 seeds.",
         epilog="exit status: 0 the runs finished, whatever their verdicts (`dapo gate write` judges "
         "OUT/toy/summary.json); 2 bad input.",
     )
@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
         "rollouts under each correction, bf16/fp8 engines, DAPO's fixes at each staleness, and the simulated "
         "clock; writes the tolerated-staleness table.",
     )
-    _seed_args(o, 32)  # toybench.off_policy.seeds_for(PLANNED_SD): 80% power at the 0.02 margin
+    # toybench.noninferiority.plan_seeds at the pilot's sd; the pilot's seeds 0..63 left out
+    _seed_args(o, 45, start=64)
     _common(o, "runs/off_policy", "; the committed report: --out reports/off_policy")
     o.add_argument(
         "--steps", type=Int(lo=10), default=None, help="override the 150-step horizon (exploration only)"
@@ -229,7 +230,7 @@ def _common(p: argparse.ArgumentParser, out: str, note: str = "") -> None:
     p.add_argument("--quiet", action="store_true", help=QUIET_HELP)
 
 
-def _seed_args(p: argparse.ArgumentParser, default: int, least: int = 2) -> None:
+def _seed_args(p: argparse.ArgumentParser, default: int, least: int = 2, start: int = 0) -> None:
     why = "paired intervals need at least two" if least == 2 else "a verdict needs that many judged seeds"
     p.add_argument(
         "--seeds",
@@ -241,8 +242,8 @@ def _seed_args(p: argparse.ArgumentParser, default: int, least: int = 2) -> None
     p.add_argument(
         "--seed-start",
         type=Int(lo=0),
-        default=0,
-        help="first seed of the discovery block (default 0); the confirmation block follows it",
+        default=start,
+        help=f"first seed of the discovery block (default {start}); the confirmation block follows it",
     )
     p.add_argument("--no-confirm", action="store_true", help="run the discovery block only (exploration)")
 

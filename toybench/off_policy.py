@@ -21,10 +21,9 @@ Three parts, every arm on the same paired seeds and both seed blocks:
   tail of per-response slowdowns) through a bounded-staleness pipeline, so each k's
   wall-clock gain sits beside what it costs in accuracy.
 
-**Tolerated staleness** of a configuration: the largest k such that at k and every smaller
-k the paired difference "accuracy at the horizon - the same base at k = 0" still matches by
-a criterion of :data:`CRITERIA` (no significant loss; or non-inferior within
-:data:`MARGIN`), per seed block.
+**Tolerated staleness** of a configuration: :mod:`toybench.noninferiority`'s fixed-sequence
+procedure on the paired differences (arm - the same base at k = 0) in accuracy and entropy at
+the horizon, on both seed blocks (:func:`verdicts`).
 """
 
 from __future__ import annotations
@@ -50,14 +49,12 @@ from .experiment import (
     mean_over_run,
 )
 from .ladder import LR, TASK, toy_config
-from .stats import Interval
+from .noninferiority import Verdict, judge
 
 STALENESS = (0, 1, 2, 4, 8)
 """Policy versions (training steps) between the weights that sample and the weights that
 learn."""
 STEPS = 150
-MARGIN = 0.02
-"""Non-inferiority margin on expected accuracy for "still matches k = 0"."""
 TOKEN_BUDGET = 150_000.0
 """Generated tokens at which "accuracy at equal generated tokens" is read, fixed before
 running (about half of what a DAPO run generates on the composite task in 150 steps)."""
@@ -235,115 +232,41 @@ def protection_experiments(staleness: Sequence[int] = STALENESS) -> list[Experim
 
 # ---- analysis ------------------------------------------------------------------------------
 
+SEEDS = 45
+"""Paired seeds per block: :func:`toybench.noninferiority.plan_seeds` at the pilot's 80th-percentile
+paired standard deviations (:data:`toybench.noninferiority.PILOT`), the fewest with which a
+configuration whose staleness costs nothing is tolerated up to k = 8 with 80% probability."""
+SEED_START = 64
+"""The table's first seed: the pilot that fixed the margins and the seed count ran seeds 0..63."""
+SUMMARY_OF = {"accuracy": "accuracy_final", "entropy": "entropy_final"}
+"""The summary each metric of :data:`toybench.noninferiority.METRICS` is judged on."""
+
 
 def _contrast(result: ExperimentResult, name: str):
     return next(c for c in result.contrasts if c.contrast.name == name)
 
 
-CRITERIA = ("no_loss", "non_inferior")
-"""How "still matches k = 0" is judged on the interval of (arm - k0) in accuracy:
-``no_loss``, the issue's reading, k = 0's value lies within or below the interval (its upper
-end >= 0: no significant loss; weak when the interval is wide); ``non_inferior``, the
-interval lies above -:data:`MARGIN` (a loss larger than the margin is ruled out; strict,
-and with 10 seeds a block's interval is often wider than the margin)."""
+def differences(
+    result: ExperimentResult, config: Config, staleness: Sequence[int] = STALENESS
+) -> dict[str, dict[int, dict[str, list[float]]]]:
+    """Per metric, k >= 1 and seed block, the per-seed paired differences (arm - the same base at
+    k = 0) that :func:`toybench.noninferiority.judge` reads."""
+    return {
+        metric: {
+            k: {
+                b: [float(x) for x in _contrast(result, f"{config.arm(k)} {summary}").blocks[b].per_seed]
+                for b in result.blocks
+            }
+            for k in staleness
+            if k
+        }
+        for metric, summary in SUMMARY_OF.items()
+    }
 
 
-def matches(iv: Interval, criterion: str = "no_loss") -> bool:
-    if iv.n == 0 or not (math.isfinite(iv.low) and math.isfinite(iv.high)):
-        return False
-    if criterion == "no_loss":
-        return iv.high >= 0
-    if criterion == "non_inferior":
-        return iv.low > -MARGIN
-    raise ValueError(f"criterion must be one of {CRITERIA}, got {criterion!r}")
-
-
-def tolerated(
-    result: ExperimentResult,
-    config: Config,
-    staleness: Sequence[int] = STALENESS,
-    criterion: str = "no_loss",
-) -> dict[str, int]:
-    """Per seed block, the largest k (of ``staleness``) up to which every k still matches
-    the same base at k = 0 on accuracy at the horizon, by ``criterion`` (:data:`CRITERIA`)."""
-    out = {}
-    for block in result.blocks:
-        best = 0
-        for k in staleness:
-            if k == 0:
-                continue
-            c = _contrast(result, f"{config.arm(k)} accuracy_final")
-            if not matches(c.blocks[block].interval, criterion):
-                break
-            best = k
-        out[block] = best
-    return out
-
-
-POWER = 0.8
-"""The chance, when staleness costs nothing, that a block establishes non-inferiority within
-:data:`MARGIN` (:func:`seeds_for`)."""
-ALPHA = 0.05
-PLANNED_SD = 0.045
-"""The paired standard deviation of (arm - k0) in accuracy at the horizon that the seed count
-was planned with: the median over the 120 row-blocks of the 10 + 10-seed run before
-(reports/off_policy at 54c8ca2; from each BCa interval's half-width x sqrt(n) / 1.96; 80th
-percentile 0.055, largest 0.085)."""
-
-
-def seeds_for(sd: float, margin: float = MARGIN, alpha: float = ALPHA, power: float = POWER) -> int:
-    """Paired seeds per block that establish non-inferiority within ``margin`` (the interval's
-    lower end above -margin) with probability ``power`` when the true difference is 0, at
-    one-sided level ``alpha`` (a 95% two-sided interval's lower end): the normal approximation
-    ``n = ((z_{1-alpha} + z_{power}) sd / margin)^2``."""
-    from statistics import NormalDist
-
-    z = NormalDist().inv_cdf
-    return math.ceil(((z(1 - alpha) + z(power)) * sd / margin) ** 2)
-
-
-def power_at(sd: float, n: int, margin: float = MARGIN, alpha: float = ALPHA) -> float:
-    """The probability of establishing non-inferiority within ``margin`` with ``n`` paired seeds
-    when the true difference is 0 and the paired standard deviation ``sd`` (normal approximation)."""
-    from statistics import NormalDist
-
-    if sd <= 0:
-        return 1.0
-    nd = NormalDist()
-    return nd.cdf(margin * math.sqrt(n) / sd - nd.inv_cdf(1 - alpha))
-
-
-def verdict(intervals: dict[int, dict[str, Interval]], margin: float = MARGIN) -> tuple[int | None, str]:
-    """A configuration's tolerated staleness from its intervals ``{k: {block: interval}}`` of
-    (arm - k0) in accuracy: the largest k up to which both blocks establish non-inferiority
-    within ``margin`` (the interval's lower end above -margin), and what stops it there, in
-    words: both blocks (agreed), or one, with whether that block's interval straddles the
-    margin (unresolved: too few seeds for that row) or lies wholly below it (a loss beyond the
-    margin on one block). None: the blocks disagree at the first k."""
-    best = 0
-    for k in sorted(intervals):
-        ivs = intervals[k]
-        bad = [b for b, iv in ivs.items() if not iv.low > -margin]
-        if not bad:
-            best = k
-            continue
-        if len(bad) == len(ivs):
-            lost = all(iv.high < -margin for iv in ivs.values())
-            why = (
-                "a loss beyond the margin on both blocks"
-                if lost
-                else "not shown within the margin on either block"
-            )
-            return best, f"up to k = {best} (both blocks); at k = {k} {why}"
-        b = bad[0]
-        iv = ivs[b]
-        how = (
-            "its interval straddles the margin (unresolved)"
-            if iv.high > -margin
-            else "a loss beyond the margin"
-        )
-        return None, f"blocks disagree at k = {k}: {b} {iv.mean:+.3f} [{iv.low:+.3f}, {iv.high:+.3f}], {how}"
-    return best, f"up to k = {best} (both blocks)"
+def verdicts(result: ExperimentResult, staleness: Sequence[int] = STALENESS) -> dict[str, Verdict]:
+    """Every configuration's place on the ladder (:func:`toybench.noninferiority.judge`)."""
+    return {c.label: judge(differences(result, c, staleness)) for c in configs()}
 
 
 CLOCK_TRAIN = (0.5, 1.0, 2.0)
@@ -368,18 +291,17 @@ def generation_times(log: Log, partial: bool) -> list[float]:
 
 __all__ = [
     "CLOCK_TRAIN",
-    "CRITERIA",
-    "MARGIN",
-    "PLANNED_SD",
-    "POWER",
+    "SEEDS",
+    "SEED_START",
     "STALENESS",
+    "SUMMARY_OF",
     "Config",
     "arm_name",
     "configs",
+    "differences",
     "generation_times",
     "grid_experiment",
-    "matches",
     "pipeline_time",
     "protection_experiments",
-    "tolerated",
+    "verdicts",
 ]

@@ -8,9 +8,9 @@ what its own command writes, under ``out/<family>``; the results are those of th
 commands, run for run (each run owns its random stream, whoever trains it).
 
 The off-policy family (``dapo toy off-policy``, ``nox -s off_policy``) is not part of it: its
-table needs the seed count its power calculation sets (32 + 32, ``toybench.off_policy.seeds_for``;
-at the suite's 10 + 10 most rows end "not shown within the margin"), and at 10 + 10 it was
-already four fifths of the suite's CPU time (2,200 of its 2,900 runs).
+table needs the seed count its procedure's simulated power sets (45 + 45,
+``toybench.noninferiority.plan_seeds``; at the suite's 10 + 10 a harmless row would be tolerated
+up to k = 8 in 1% of tables, simulated), and at 10 + 10 it was already four fifths of the suite's CPU time (2,200 of its 2,900 runs).
 """
 
 from __future__ import annotations

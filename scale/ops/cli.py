@@ -44,7 +44,11 @@ def train_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="refuse to start unless the toy gate passed for this commit and algo config",
     )
-    p.add_argument("--force", action="store_true", help="start without a matching gate (recorded in the run)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="start without a matching gate, or at a staleness the toys' table shows harmful (recorded in the run)",
+    )
     p.add_argument(
         "--fresh",
         action="store_true",
@@ -70,18 +74,18 @@ def _engine_does_not_fit(cfg, gpu) -> bool:  # type: ignore[no-untyped-def]
     return bool(lines)
 
 
-def _say_staleness(cfg) -> None:  # type: ignore[no-untyped-def]
-    """What the toys' off-policy table says of the config's staleness (:mod:`scale.ops.staleness_table`),
-    one line, from the first rank; a warning where the toys do not tolerate it."""
+def _say_staleness(cfg):  # type: ignore[no-untyped-def]
+    """What the toys' off-policy table says of the config's staleness by version count
+    (:mod:`scale.ops.staleness_table`), one line from the first rank (a warning where the toys
+    cannot tell or do not tolerate it); the lookup, for the refusal (None at staleness 0)."""
     from .staleness_table import lookup
 
-    if os.environ.get("RANK", "0") != "0":
-        return
     found = lookup(cfg)
-    if found is None:
-        return
-    word = "WARNING" if found.status == "not tolerated" else "note"
+    if found is None or os.environ.get("RANK", "0") != "0":
+        return found
+    word = "note" if found.status == "tolerated" else "WARNING"
     print(f"dapo train: {word}: {found.message}", file=sys.stderr)
+    return found
 
 
 def _plural(n: int, word: str, many: str | None = None) -> str:
@@ -126,7 +130,16 @@ def train_main(argv: list[str] | None = None) -> int:
     os.environ.update(hub_environment(cfg, int(os.environ.get("LOCAL_RANK", "0"))))
     if args.resume not in (None, "auto") and not Path(args.resume).is_dir():
         raise UsageError(f"--resume: no such checkpoint directory: {args.resume!r} (or 'auto')")
-    _say_staleness(cfg)
+    staleness = _say_staleness(cfg)
+    if staleness is not None and staleness.status == "not tolerated":
+        if not args.force:
+            print(
+                "dapo train: refusing to start: rollout.max_staleness: the toys' off-policy table shows this "
+                "configuration harmful (above; --force overrides; it is recorded in the run)",
+                file=sys.stderr,
+            )
+            return 5
+        print("WARNING: STARTING A STALENESS THE TOYS SHOW HARMFUL (--force)", file=sys.stderr)
     from dapo.loss_spec import LossSpecError
 
     from ..dist.startup import frozen_after
@@ -179,6 +192,9 @@ def train_main(argv: list[str] | None = None) -> int:
                 return 5
             print(f"WARNING: STARTING WITHOUT A MATCHING TOY GATE (--force): {err}", file=sys.stderr)
             gate.update({"forced": True, "reason": str(err)})
+    if staleness is not None:
+        gate["staleness"] = {"status": staleness.status, "row": staleness.row, "k": staleness.k}
+        gate["staleness"]["forced"] = staleness.status == "not tolerated"
     # One rank prepares the output directory (and the tiny preset's files). The others wait for
     # it at the Trainer's first barrier, which rank 0 reaches only after this.
     out = Path(cfg.output.dir)
@@ -206,6 +222,9 @@ def train_main(argv: list[str] | None = None) -> int:
         with checked(compute_device()):  # $DAPO_CHECK_COLLECTIVES: every collective on the device
             try:
                 trainer = Trainer(cfg, resume=args.resume, progress=not args.quiet)
+                from .staleness_table import Movement
+
+                trainer.watches.append(Movement(cfg).observe)  # the run placed on the table by movement
                 if first_rank:  # the run's record of the gate, once the run exists
                     (out / "gate.json").write_text(json.dumps(gate, indent=2, default=str))
             except BaseException:
