@@ -16,8 +16,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 EXIT_USAGE = 2
 """Exit status for bad input (argparse's own)."""
@@ -40,11 +41,45 @@ class DependencyError(Exception):
 
 class Parser(argparse.ArgumentParser):
     """``argparse`` that reports a bad argument in one line (``prog: argument --x: why``)
-    instead of the usage block followed by the error."""
+    instead of the usage block followed by the error, and names the option a mistyped one is
+    closest to (``unrecognized arguments: --run-lable (did you mean --run-label?)``), among the
+    options of the (sub)command that was given it."""
+
+    _left_over: Parser | None = None
+    """The innermost parser of the current ``parse_args`` that left arguments unrecognised."""
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        Parser._left_over = None
+        return super().parse_args(args, namespace)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[Any, list[str]]:
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras and Parser._left_over is None:
+            Parser._left_over = self
+        return ns, extras
 
     def error(self, message: str) -> NoReturn:
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            message = prefix + " ".join(
+                _did_you_mean(word, Parser._left_over or self) for word in message[len(prefix) :].split()
+            )
         print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
+
+
+def _did_you_mean(word: str, parser: argparse.ArgumentParser) -> str:
+    """``word``, with the closest option of ``parser`` when it looks like a mistyped one."""
+    import difflib
+
+    if not word.startswith("--"):
+        return word
+    name = word.split("=", 1)[0]
+    options = [o for o in parser._option_string_actions if o.startswith("--")]
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.7)
+    return f"{word} (did you mean {close[0]}?)" if close else word
 
 
 class Int:

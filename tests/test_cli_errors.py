@@ -444,3 +444,25 @@ def test_train_says_where_it_writes_and_how_it_is_placed(capsys, tmp_path, monke
         "dapo train: disaggregated: 2 learners, 2 generator processes, max_staleness 2, "
         "policy loss dapo, output runs/d (metrics.jsonl, checkpoints/)"
     )
+
+
+@pytest.mark.parametrize(
+    "argv,meant",
+    [
+        (["diagnose", "LOG", "--run-lable", "x"], "--run-label"),
+        (["toy", "check", "dapo", "--seedz", "3"], "--seeds"),
+        (["toy", "off-policy", "--seed-strat", "3"], "--seed-start"),
+        (["train", "--config", "tiny-cpu", "--fresj"], "--fresh"),
+        (["plan", "--config", "tiny-cpu", "--gpus", "8", "--gpu-tpye", "h100-80gb"], "--gpu-type"),
+    ],
+)
+def test_a_mistyped_option_is_named_with_the_one_meant(capsys, metrics, argv, meant):
+    """Among the options of the subcommand given it (not another command's)."""
+    rc, out, err = run(capsys, [str(metrics) if a == "LOG" else a for a in argv])
+    assert rc == 2 and not out
+    one_line(err, f"(did you mean {meant}?)")
+
+
+def test_an_unknown_option_nothing_resembles_gets_no_guess(capsys):
+    rc, _, err = run(capsys, ["toy", "check", "dapo", "--zzzzzz"])
+    assert rc == 2 and "unrecognized arguments: --zzzzzz" in err and "did you mean" not in err

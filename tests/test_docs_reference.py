@@ -124,3 +124,31 @@ def test_a_field_without_docstring_is_refused_by_name():
 
 def test_cells_stay_one_table_cell():
     assert gen.cell("a | b\n  c ``x<y`` and <z> :class:`Foo`") == "a \\| b c `x<y` and &lt;z> `Foo`"
+
+
+def test_every_version_range_the_docs_quote_is_pyprojects():
+    """A version range quoted in the README or the docs (``vllm>=0.32,<0.33``) is the one
+    pyproject.toml declares for that package: no page keeps an old range. (Exact ``==`` versions
+    in the docs are install commands, such as the CPU build of torch, not claims of the pin.)"""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared: dict[str, set[str]] = {}
+    for req in [
+        *project["dependencies"],
+        *(r for rs in project["optional-dependencies"].values() for r in rs),
+    ]:
+        m = re.match(r"([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?\s*([<>=!~][^;]*)?", req)
+        if m and m.group(2):
+            declared.setdefault(m.group(1).lower(), set()).add(m.group(2).replace(" ", ""))
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    pin = re.compile(r"`([A-Za-z0-9_.\-]+)((?:[<>=!~]=?[0-9][0-9A-Za-z.*]*,?)+)`")
+    found = 0
+    for page in pages:
+        for name, spec in pin.findall(page.read_text()):
+            if name.lower() in declared and ("<" in spec or ">" in spec):
+                found += 1
+                assert spec in declared[name.lower()], (
+                    f"{page.relative_to(ROOT)}: `{name}{spec}`, pyproject.toml declares {sorted(declared[name.lower()])}"
+                )
+    assert found >= 2  # the vLLM pins of the launch guide at least

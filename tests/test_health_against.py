@@ -382,3 +382,38 @@ def test_on_the_calibration_pairs_failed_runs_depart_and_healthy_ones_stay_above
     assert sum(a["outcome_below_from"] is not None for a, _ in rows) >= 4
     assert sum(b["outcome_below_from"] is None for _, b in rows) == 6
     assert all(b["status"] != "failing" for _, b in rows)
+
+
+def test_references_given_one_flag_each_are_all_used_and_constant_ones_give_finite_words(tmp_path, capsys):
+    """`--against a --against b` is two references, as `--against a b` is. References whose entropy
+    is constant (a logger that repeats a value; a frozen module): the band is this run's noise, a
+    run that stays level is within it, one that falls is below, and no figure is absurd."""
+    files = []
+    for s in range(3):
+        rows = process(s)
+        for r in rows:
+            r["actor/entropy"] = 0.5
+        files.append(write(tmp_path / f"ref{s}.jsonl", rows))
+    level = process(10)
+    for r in level:
+        r["actor/entropy"] = 0.5 + 0.002 * ((r["step"] * 7919) % 13) / 13
+    assert (
+        main(
+            [
+                str(write(tmp_path / "level.jsonl", level)),
+                *[a for f in files for a in ("--against", str(f))],
+                "--json",
+            ]
+        )
+        == 0
+    )
+    data = json.loads(capsys.readouterr().out)["run"]["against"]
+    assert len(data["references"]) == 3
+    assert data["metrics"]["actor/entropy"]["departure"] is None
+    falls = [
+        dict(r, **{"actor/entropy": r["actor/entropy"] * (0.5 if r["step"] >= 40 else 1.0)}) for r in level
+    ]
+    assert main([str(write(tmp_path / "falls.jsonl", falls)), "--against", *map(str, files)]) == 0
+    out = capsys.readouterr().out
+    assert "against 3 reference run(s)" in out and "actor/entropy below from step" in out
+    assert "e+0" not in out and "inf" not in out and "nan" not in out

@@ -51,7 +51,8 @@ def test_a_table_with_a_leading_time_column_is_read_column_by_column(tmp_path):
     assert r.read == {"GradN": "actor/grad_norm"} or r.read == {"gradn": "actor/grad_norm"}
     assert r.unread == ["Pre", "Post", "KL%"]
     said = " ".join(r.columns_said())
-    assert "Pre, Post, KL%" in said and "--map 'Pre=reward'" in said
+    assert "Pre, Post, KL%" in said and "--map 'KL%=kl'" in said  # the one whose name says what it is
+    assert "--map 'Pre=" not in said and "--map 'Post=" not in said
 
 
 def test_mapping_a_column_brings_it_to_the_rules(tmp_path):
@@ -70,7 +71,9 @@ def test_a_table_of_only_unknown_columns_says_which_and_how_to_map(tmp_path):
         "| Step | Pre | Post |\n|---|---|---|\n"
         + "".join(f"| {i} | 0.{i} | 0.{i + 1} |\n" for i in range(1, 9))
     )
-    with pytest.raises(RunLogError, match=r"no column this tool knows; .*Pre, Post.*--map 'Pre=reward'"):
+    with pytest.raises(
+        RunLogError, match=r"no column this tool knows; .*Pre, Post.*none is named like a metric"
+    ):
         read_log(log)
     (run,) = read_log(log, names=parse_map(["Pre=accuracy"])).runs.values()
     assert run[2]["rollout/accuracy"] == 0.3
@@ -280,3 +283,26 @@ def test_a_yaml_map_without_pyyaml_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "yaml", None)  # import yaml raises ImportError
     with pytest.raises(UsageError, match=r"a YAML file needs pyyaml .* or give a \.json file"):
         diagnose_main([str(timed_table(tmp_path / "t.txt")), "--map", str(names)])
+
+
+def test_the_reading_notes_stay_short_and_suggest_only_plausible_mappings():
+    """A toy run's log (33 schema columns, 15 of its own): the columns read counted per prefix, not
+    named one by one; a mapping suggested for a column whose name says what it is, none for a
+    seed or a cost counter."""
+    from dapo.health.readers import Reading, resembles
+
+    read = {f"actor/m{i}": f"actor/m{i}" for i in range(15)} | {
+        f"rollout/m{i}": f"rollout/m{i}" for i in range(9)
+    }
+    read["Acc"] = "rollout/accuracy"
+    unread = ["seed", "cost/tokens_total", "toy/expected_accuracy", "toy/gen_time_tail0"]
+    said = Reading({}, [], "jsonl", read, unread).columns_said()
+    assert (
+        said[0]
+        == "read 25 columns: actor/ 15, rollout/ 9, (top level) 1; read under another name: Acc as rollout/accuracy"
+    )
+    assert "--map 'toy/expected_accuracy=accuracy'" in said[1]
+    assert "--map 'seed=" not in said[1] and "--map 'cost/" not in said[1]
+    assert [resembles(c) for c in ("seed", "train/kl_coef", "Mean Reward", "grad-norm", "lr", "KL%")] == [
+        None, None, "reward", "grad_norm", None, "kl"
+    ]  # fmt: skip

@@ -84,6 +84,13 @@ def test_gate_write_check_and_refusals(tmp_path, monkeypatch):
     monkeypatch.setattr(gate, "git_state", lambda cwd=None: ("def456" * 6, False))
     with pytest.raises(gate.GateError, match="no toy gate for commit def456"):
         gate.check(cfg, d)
+    # outside a checkout: said so, not "uncommitted changes (unknown)"
+    monkeypatch.undo()
+    assert gate.git_state(tmp_path) == ("unknown", True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(gate.GateError, match=r"is not inside a git checkout") as err:
+        gate.check(cfg, d)
+    assert "uncommitted" not in str(err.value)
 
 
 USER_LOSS = """

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 from scale_support import need
@@ -378,3 +379,39 @@ def test_the_plans_in_flight_bytes_are_what_a_checkpoint_stores():
     assert in_flight_bytes(cfg) == pytest.approx(stored, rel=0.02)
     assert in_flight_bytes(cfg) < stored  # the tensors' own bytes: the framing comes on top
     assert in_flight_bytes(load("tiny-cpu")) == 0.0  # colocated: nothing in flight
+
+
+def test_the_presets_page_quotes_what_dapo_plan_prints(capsys):
+    """docs/how-to/presets.md's table gives, per preset, the step time, steps, hours and GPU-hours
+    `dapo plan` prints on H100s (the 32B preset's steps are rollout steps: the paper's ~330)."""
+    from scale.ops.plan import main
+
+    page = (Path(__file__).parents[1] / "docs" / "how-to" / "presets.md").read_text()
+    rows = {
+        "qwen2.5-math-1.5b-dapo": (1, 1, False),
+        "qwen2.5-math-7b-dapo": (8, 1, False),
+        "qwen2.5-32b-dapo": (8, 16, True),
+    }
+    for name, (gpus, nodes, offload) in rows.items():
+        argv = [
+            "--config",
+            name,
+            "--gpus",
+            str(gpus),
+            "--nodes",
+            str(nodes),
+            "--gpu-type",
+            "h100-80gb",
+            "--json",
+        ]
+        assert main(argv + ([] if offload else ["--no-offload"])) == 0
+        got = json.loads(capsys.readouterr().out)
+        steps = load(name).train.steps
+        said = (
+            f"{got['step_seconds']['total']:,.0f} s a step, {steps:,} steps: {got['run']['hours']:,.0f} h, "
+            f"{got['run']['gpu_hours']:,.0f} GPU-hours"
+        )
+        row = next(
+            line for line in page.splitlines() if line.startswith(f"| `{name}` |") and " s a step" in line
+        )
+        assert said in row, (said, row)

@@ -61,7 +61,7 @@ def test_dapo_eval_deduplicates_aime_rows_and_uses_the_prepared_ids(chat, tmp_pa
     model = dapo_shaped.model_dir(tmp_path / "model")
     seen = []
 
-    def generate(args, tok, prompts):
+    def generate(args, tok, prompts, seeds=None):
         seen.append(prompts)
         return [[SimpleNamespace(token_ids=[])] * args.k for _ in prompts]
 

@@ -141,6 +141,22 @@ def test_hf_engine_three_steps_and_resume_equals_uninterrupted(tiny, tmp_path):
         exported.append(load_file(str(run / "export" / "model.safetensors")))
         trained = json.loads((run / "export" / "dapo_training.json").read_text())  # dapo eval records it
         assert trained["algo"]["policy_loss"] == "dapo" and trained["step"] == int(ckpt.name.split("_")[1])
+    # dapo eval of the exported step-3 model repeats the run's in-training evaluation of step 3 (its
+    # settings and per-problem seeds, the same engine): the same avg@4; other settings are named
+    same = ["--k", "4", "--top-p", "0.7", "--max-new-tokens", "16", "--engine", "hf", "--template", "none"]
+    same += ["--chat-template", "false", "--limit", "8", "--dtype", "float32"]
+    r = run_cli(["eval", "--model", str(b / "export"), "--data", str(tiny["eval"]), *same])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "the settings and per-problem seeds of the run's in-training evaluation at step 3" in r.stderr
+    avg = float(next(x for x in r.stdout.splitlines() if x.startswith("eval/avg@4 ")).split()[1])
+    assert avg == pytest.approx(full[-1]["eval/avg@4"], abs=1e-4), (avg, full[-1]["eval/avg@4"])
+    r = run_cli(
+        ["eval", "--model", str(b / "export"), "--data", str(tiny["eval"]), *same, "--k", "2", "--seed", "5"]
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (
+        "which differs in: k 2 (the run: 4), --seed 5 (the run: its per-problem seeds of step 3)" in r.stderr
+    )
     start = load_file(str(tiny["model"] / "model.safetensors"))
     assert exported[0].keys() == exported[1].keys() >= start.keys()
     assert any(not torch.equal(exported[0][k], start[k]) for k in start)  # trained

@@ -11,6 +11,7 @@ from dapo.cli import main as dapo_main
 from toybench.experiment import run_experiments, with_steps
 from toybench.experiments import REGISTRY
 from toybench.off_policy import protection_experiments
+from toybench.suite import interval_text
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +40,13 @@ def test_the_suite_writes_every_familys_files_and_equals_the_separate_commands(t
     tail = printed[printed.index("== the four failure modes") :]
     assert all(name in tail for name in REGISTRY) and "== reports" in tail
     assert "nox -s off_policy" in tail
+    # each failure mode's effect on each block, the numbers summary.json (and the README) hold
+    summary = json.loads((out / "toy" / "summary.json").read_text())["experiments"]
+    for name in REGISTRY:
+        (primary,) = [c for c in summary[name]["contrasts"] if c["role"] == "primary"]
+        cells = [primary["blocks"][b] for b in ("discovery", "confirmation")]
+        said = " / ".join(interval_text(c["mean_diff"], *c["ci95"]) for c in cells)
+        assert said in tail and primary["name"] in tail, (name, said)
     # then the check of the config's loss (none given: DAPO's, at DAPO's knobs), for the gate
     (checked,) = json.loads((out / "toy" / "check.json").read_text())["results"]
     assert checked["loss"] == "dapo" and checked["knobs"]["eps_high"] == 0.28

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .experiment import Experiment, ExperimentResult, run_experiments
+from .stats import Interval
 
 FAMILIES = ("toy", "ladder", "prompt_selection")
 """Output folders under ``--out``, in the order the suite reports them (``toy`` holds the four
@@ -92,12 +93,41 @@ def write_suite(
     return paths
 
 
+def interval_text(mean: float, low: float, high: float) -> str:
+    """``+0.181 [+0.140, +0.231]``: three significant digits of the largest of the three, as the
+    README's table writes effects."""
+    import math
+
+    scale = max(abs(mean), abs(low), abs(high))
+    d = max(0, 2 - math.floor(math.log10(scale))) if scale > 0 and math.isfinite(scale) else 3
+    return f"{mean:+.{d}f} [{low:+.{d}f}, {high:+.{d}f}]"
+
+
+def _three(iv: Interval) -> tuple[float, float, float]:
+    return iv.mean, iv.low, iv.high
+
+
 def closing_summary(result: SuiteResult, paths: dict[str, Path]) -> str:
-    """The lines a user reads last: the four verdicts, and where each family's report is."""
-    lines = ["", "== the four failure modes (the gate's claims; reproduced = on both seed blocks)"]
-    for r in result.families["toy"]:
+    """The lines a user reads last: each failure mode's claim with its effect (b - a, mean and
+    95% BCa interval) on each seed block and the verdict, as the README's table reports them, and
+    where each family's report is."""
+    toy = result.families["toy"]
+    blocks = toy[0].blocks if toy else {}
+    span = ", ".join(f"{b} {m[0]}..{m[-1]}" for b, m in blocks.items())
+    lines = [
+        "",
+        f"== the four failure modes: b - a, mean [95% interval] per seed block ({span}); "
+        "reproduced = every block shows the paper's direction",
+    ]
+    for r in toy:
         p = r.primary
-        lines.append(f"   {r.experiment.name:<18} {p.verdict:<15} {p.contrast.name}")
+        c = p.contrast
+        a = r.experiment.labels.get(c.a or "", c.a or "0")
+        b = r.experiment.labels.get(c.b, c.b)
+        what = r.experiment.summaries[c.summary_b or c.summary].description
+        cells = " / ".join(interval_text(*_three(p.blocks[k].interval)) for k in blocks)
+        lines.append(f"   {r.experiment.name:<18} {p.verdict:<14} {c.name}")
+        lines.append(f"   {'':<18} {'':<14} {what}, {b} - {a}: {cells}")
     lines.append("== reports")
     for name in FAMILIES:
         lines.append(f"   {name:<18} {paths[name]}")

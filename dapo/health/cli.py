@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--against",
         nargs="+",
+        action="extend",  # `--against a b` and `--against a --against b` both give two references
         type=Text(),
         default=[],
         metavar="REF",

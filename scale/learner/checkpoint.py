@@ -249,15 +249,24 @@ def export(path: Path, out: Path, dtype: torch.dtype = torch.bfloat16, base: str
     out.mkdir(parents=True, exist_ok=True)
     lm.to(dtype).save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(hf).save_pretrained(out)
-    # what the model was trained with (dapo eval records it): the run's algo section, its loss
-    trained = {"step": trainer_state.get("step"), "algo": trainer_state.get("config", {}).get("algo")}
+    # what the model was trained with (dapo eval records it): the run's algo section, its loss;
+    # and how the run evaluated it (dapo eval repeats that evaluation, or says what differs)
+    config = trainer_state.get("config", {})
+    trained = {
+        "step": trainer_state.get("step"),
+        "algo": config.get("algo"),
+        "eval": config.get("eval"),
+        "data": {k: config.get("data", {}).get(k) for k in ("template", "chat_template")},
+        "engine": config.get("rollout", {}).get("engine"),
+    }
     (out / TRAINED_WITH).write_text(json.dumps(trained, indent=2, default=str))
     return out
 
 
 TRAINED_WITH = "dapo_training.json"
-"""Beside an exported model: the training step and the run's ``algo`` section (its
-``policy_loss`` among them), which ``dapo eval --out`` records."""
+"""Beside an exported model: the training step, the run's ``algo`` section (its ``policy_loss``
+among them), which ``dapo eval --out`` records, and its ``eval`` section, prompt template and
+engine, with which ``dapo eval`` repeats the run's in-training evaluation of that step."""
 
 
 def trained_with(model_dir: str | Path) -> dict[str, Any] | None:

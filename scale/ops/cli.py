@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -487,7 +488,13 @@ def eval_parser() -> argparse.ArgumentParser:
         default=0.8,
         help="vLLM's memory share (default 0.8)",
     )
-    p.add_argument("--seed", type=Int(lo=0), default=0, help="sampling seed")
+    p.add_argument(
+        "--seed",
+        type=Int(lo=0),
+        default=None,
+        help="sampling seed (default: for a model dapo export wrote, the per-problem seeds of the run's "
+        "in-training evaluation at its step, so the two evaluate alike; else 0)",
+    )
     p.add_argument(
         "--out", type=OutFile(), default=None, help="write the summary and predictions as JSON here"
     )
@@ -529,8 +536,12 @@ def _context_limit(model: str) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-def _generate(args: argparse.Namespace, tok: Any, prompts: list[list[int]]) -> list[list[Any]]:
-    """``args.k`` samples per prompt from the chosen engine, with a progress bar."""
+def _generate(
+    args: argparse.Namespace, tok: Any, prompts: list[list[int]], seeds: list[int] | None = None
+) -> list[list[Any]]:
+    """``args.k`` samples per prompt from the chosen engine, with a progress bar; problem i
+    sampled with ``seeds[i]`` where given (the run's in-training evaluation's), else the chunk's
+    ``--seed`` plus its offset."""
     import torch
 
     from ..generator.engines import make_engine
@@ -550,7 +561,7 @@ def _generate(args: argparse.Namespace, tok: Any, prompts: list[list[int]]) -> l
             dtype=args.dtype,
             max_model_len=max(map(len, prompts)) + args.max_new_tokens,
             gpu_memory_utilization=args.gpu_memory_utilization,
-            seed=args.seed,
+            seed=args.seed or 0,
         )
     from dapo.progress import Progress
 
@@ -564,11 +575,75 @@ def _generate(args: argparse.Namespace, tok: Any, prompts: list[list[int]]) -> l
             max_tokens=args.max_new_tokens,
             temperature=args.temperature,
             top_p=args.top_p,
-            seed=args.seed + i,
+            seed=(args.seed or 0) + i,
+            seeds=seeds[i : i + len(chunk)] if seeds is not None else None,
         )
         bar.update(i + len(chunk))
     bar.close()
     return gens
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(float(a), float(b))
+    return bool(a == b)
+
+
+def _as_in_training(args: argparse.Namespace, n: int) -> tuple[list[int] | None, str]:
+    """For a model ``dapo export`` wrote: the per-problem seeds of the run's in-training evaluation
+    at the exported step (unless ``--seed`` is given), and one line saying whether this evaluation
+    repeats that one or what differs (``k 32 (the run: 4)``); (None, "") for any other model."""
+    from ..generator.role import seed_from
+    from ..learner.checkpoint import trained_with
+
+    trained = trained_with(args.model) or {}
+    step, run = trained.get("step"), trained.get("eval")
+    if step is None or not isinstance(run, dict):
+        return None, ""
+    data = trained.get("data") or {}
+    algo = trained.get("algo") or {}
+    if run.get("max_new_tokens"):
+        ceiling = run["max_new_tokens"]
+    elif algo.get("expected_len") is not None and algo.get("cache_len") is not None:
+        ceiling = int(algo["expected_len"]) + int(algo["cache_len"])  # AlgoConfig.max_len
+    else:
+        ceiling = None
+    chat = str(args.chat_template).strip().lower()
+    mine = {
+        "k": args.k,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "max_new_tokens": args.max_new_tokens,
+        "engine": args.engine,
+        "template": args.template,
+        "chat_template": {"true": True, "false": False}.get(chat, args.chat_template),
+        "limit": args.limit,
+    }
+    theirs = {
+        "k": run.get("k"),
+        "temperature": run.get("temperature"),
+        "top_p": run.get("top_p"),
+        "max_new_tokens": ceiling,
+        "engine": trained.get("engine"),
+        "template": data.get("template"),
+        "chat_template": data.get("chat_template"),
+        "limit": run.get("limit"),
+    }
+    differ = [
+        f"{name} {mine[name]} (the run: {theirs[name]})"
+        for name in mine
+        if not _same(mine[name], theirs[name])
+    ]
+    seeds = None if args.seed is not None else [seed_from("eval", int(step), i) for i in range(n)]
+    if seeds is None:
+        differ.append(f"--seed {args.seed} (the run: its per-problem seeds of step {step})")
+    where = f"the run's in-training evaluation at step {step}"
+    if not differ:
+        return seeds, (
+            f"the settings and per-problem seeds of {where}: the same samples, up to the engine's numerics "
+            f"(--dtype {args.dtype})"
+        )
+    return seeds, f"not {where}, which differs in: {', '.join(differ)}; its avg@k is another measurement"
 
 
 def eval_main(argv: list[str] | None = None) -> int:
@@ -631,9 +706,12 @@ def eval_main(argv: list[str] | None = None) -> int:
             else f"--data: the longest prompt ({longest} tokens) does not fit the model's context of {limit} tokens"
         )
     print(summary_line, file=sys.stderr)
+    seeds, said = _as_in_training(args, len(prompts))
+    if said:
+        print(f"dapo eval: {said}", file=sys.stderr)
     import_and_freeze(learner=False, vllm=args.engine == "vllm")
     try:
-        gens = _generate(args, tok, prompts)
+        gens = _generate(args, tok, prompts, seeds)
     except EngineError as err:
         print(f"dapo eval: rollout engine failed: {err}", file=sys.stderr)
         return 4

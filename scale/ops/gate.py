@@ -215,6 +215,11 @@ def check(cfg, gate_dir: Path = GATE_DIR, loss=None) -> dict:
     except LossSpecError as err:
         raise MalformedSummary(str(err)) from None
     commit, dirty = git_state()
+    if commit == "unknown":
+        raise GateError(
+            f"{Path.cwd()} is not inside a git checkout: the gate is keyed by the commit of the code "
+            "that ran the toys; run this from the repository's checkout, where `nox -s toy` wrote runs/gate/"
+        )
     if dirty:
         raise GateError(
             f"the working tree has uncommitted changes: the gate is keyed by commit ({commit[:10]}); "

@@ -16,6 +16,7 @@ written may end in a partial line: it is skipped (and said).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,7 +133,7 @@ class Reading:
         """What the reader recognised and what it left, as lines for the user."""
         out = []
         if self.read:
-            out.append("read: " + ", ".join(f"{k} as {v}" if k != v else k for k, v in self.read.items()))
+            out.append(_read_said(self.read))
         if self.unread:
             out.append(_unread_hint(self.unread))
         return out
@@ -157,14 +158,77 @@ def read_log(path: str | Path, fmt: str = "auto", names: Mapping[str, str] | Non
         return _read_log(resolve(path), fmt)
 
 
+READ_LISTED = 8
+"""Up to this many columns read are named one by one; more are counted per prefix."""
+
+
+def _read_said(read: dict[str, str]) -> str:
+    """``read: a, b as rollout/accuracy``, or for many columns ``read 41 columns: rollout/ 9,
+    actor/ 12, ...`` with the renamed ones (the user's to check) still named."""
+    renamed = [f"{k} as {v}" for k, v in read.items() if k != v]
+    if len(read) <= READ_LISTED:
+        return "read: " + ", ".join(f"{k} as {v}" if k != v else k for k, v in read.items())
+    groups: dict[str, int] = {}
+    for k in read:
+        group = k.split("/", 1)[0] + "/" if "/" in k else "(top level)"
+        groups[group] = groups.get(group, 0) + 1
+    said = f"read {len(read)} columns: " + ", ".join(f"{g} {n}" for g, n in groups.items())
+    if renamed:
+        shown = ", ".join(renamed[:READ_LISTED]) + (
+            f" and {len(renamed) - READ_LISTED} more" if len(renamed) > READ_LISTED else ""
+        )
+        said += f"; read under another name: {shown}"
+    return said
+
+
+RESEMBLES = {
+    "reward": "reward",
+    "rewards": "reward",
+    "return": "reward",
+    "accuracy": "accuracy",
+    "acc": "accuracy",
+    "correct": "accuracy",
+    "correctness": "accuracy",
+    "entropy": "entropy",
+    "kl": "kl",
+    "grad": "grad_norm",
+    "gradnorm": "grad_norm",
+    "gnorm": "grad_norm",
+    "loss": "loss",
+    "length": "completion_length",
+    "len": "completion_length",
+}
+"""Words in a column's name that make it plausibly one of the metrics ``--map`` takes."""
+
+
+NOT_A_METRIC = frozenset(
+    {"coef", "coeff", "beta", "weight", "target", "lr", "scale", "time", "seconds", "ms"}
+)
+"""Words that make a column a setting or a timer, whatever else its name says (``kl_coef``)."""
+
+
+def resembles(column: str) -> str | None:
+    """The metric name an unread column plausibly is (``toy/expected_accuracy``: ``accuracy``), by
+    the words of its name; None for a column nothing suggests is a metric (``seed``, ``cost/...``)
+    or one that names a setting or a timer (``kl_coef``, ``reward_time``)."""
+    words = re.split(r"[^a-z0-9]+", column.lower())
+    if NOT_A_METRIC.intersection(words):
+        return None
+    for word in reversed(words):
+        if word in RESEMBLES:
+            return RESEMBLES[word]
+    return None
+
+
 def _unread_hint(unread: list[str]) -> str:
     shown = ", ".join(unread[:12]) + (f" and {len(unread) - 12} more" if len(unread) > 12 else "")
-    example = unread[0].replace("'", "")
-    return (
-        f"numeric column(s) not read, their names being unknown here: {shown}; if one is a metric, "
-        f"map it, e.g. --map '{example}=reward' (a schema name or a logged name such as reward, accuracy, "
-        "grad_norm, kl, entropy)"
-    )
+    said = f"numeric column(s) not read, their names being unknown here: {shown}"
+    like = [(c, resembles(c)) for c in unread]
+    like = [(c, m) for c, m in like if m is not None]
+    if like:
+        maps = ", ".join(f"--map '{c.replace(chr(39), '')}={m}'" for c, m in like[:3])
+        return f"{said}; if one is the metric its name suggests, map it: {maps}"
+    return f"{said}; none is named like a metric this tool reads (to map one anyway: --map 'COLUMN=reward')"
 
 
 def _read_log(file: Path, fmt: str) -> Reading:
