@@ -94,12 +94,12 @@ def write_suite(
 
 
 def interval_text(mean: float, low: float, high: float) -> str:
-    """``+0.181 [+0.140, +0.231]``: three significant digits of the largest of the three, as the
-    README's table writes effects."""
+    """``+0.181 [+0.140, +0.231]``, ``-17.2 [-22.0, -11.6]``: three significant digits of the
+    largest of the three, and at most three decimals, as the README's table writes effects."""
     import math
 
     scale = max(abs(mean), abs(low), abs(high))
-    d = max(0, 2 - math.floor(math.log10(scale))) if scale > 0 and math.isfinite(scale) else 3
+    d = min(3, max(0, 2 - math.floor(math.log10(scale)))) if scale > 0 and math.isfinite(scale) else 3
     return f"{mean:+.{d}f} [{low:+.{d}f}, {high:+.{d}f}]"
 
 
