@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .experiment import Experiment, ExperimentResult, run_experiments
-from .stats import Interval
 
 FAMILIES = ("toy", "ladder", "prompt_selection")
 """Output folders under ``--out``, in the order the suite reports them (``toy`` holds the four
@@ -103,10 +102,6 @@ def interval_text(mean: float, low: float, high: float) -> str:
     return f"{mean:+.{d}f} [{low:+.{d}f}, {high:+.{d}f}]"
 
 
-def _three(iv: Interval) -> tuple[float, float, float]:
-    return iv.mean, iv.low, iv.high
-
-
 def closing_summary(result: SuiteResult, paths: dict[str, Path]) -> str:
     """The lines a user reads last: each failure mode's claim with its effect (b - a, mean and
     95% BCa interval) on each seed block and the verdict, as the README's table reports them, and
@@ -125,7 +120,9 @@ def closing_summary(result: SuiteResult, paths: dict[str, Path]) -> str:
         a = r.experiment.labels.get(c.a or "", c.a or "0")
         b = r.experiment.labels.get(c.b, c.b)
         what = r.experiment.summaries[c.summary_b or c.summary].description
-        cells = " / ".join(interval_text(*_three(p.blocks[k].interval)) for k in blocks)
+        cells = " / ".join(
+            interval_text(iv.mean, iv.low, iv.high) for iv in (p.blocks[k].interval for k in blocks)
+        )
         lines.append(f"   {r.experiment.name:<18} {p.verdict:<14} {c.name}")
         lines.append(f"   {'':<18} {'':<14} {what}, {b} - {a}: {cells}")
     lines.append("== reports")
