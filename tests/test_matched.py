@@ -89,6 +89,17 @@ def test_a_candidate_is_read_in_the_references_window_and_a_copy_reads_as_its_or
     assert isinstance(read_against(refs, flat, y, window), str)
 
 
+@given(st.floats(0.0, 1.0), st.integers(12, 60), st.floats(5e-324, 1.0))
+def test_a_flat_log_neither_gains_nor_crosses_however_small_the_rise(level, n, rise):
+    """A log whose accuracy never moves gains exactly 0 and never crosses a positive rise: the
+    mean of equal values can differ from them by a rounding error (CI, stop 81: a flat 0.206
+    "crossed" a rise of 2e-297 built from two references' denormal gains and was read)."""
+    flat = log_of([level] * n, [0.0] * n)
+    assert gain(flat) == 0.0
+    assert crossing(flat, rise) is None
+    assert crossing(log_of([0.20614048703635596] * 12, [0.0] * 12), 1.959843219532604e-297) is None
+
+
 def test_a_late_learner_is_read_over_a_shorter_window_and_so_are_the_references():
     """A candidate that crosses the level with fewer steps left than the references' window is
     read over the steps it has (at least 10), and the references over as many from their own

@@ -43,9 +43,11 @@ Log = list[dict[str, Any]]
 
 
 def gain(log: Log, metric: str = ACCURACY) -> float:
-    """Final accuracy gain: the mean over the last :data:`LAST` steps minus step 0."""
-    tail = [m[metric] for m in log[-LAST:]]
-    return sum(tail) / len(tail) - log[0][metric]
+    """Final accuracy gain: the mean over the last :data:`LAST` steps minus step 0 (the
+    differences are averaged, so a flat log gains exactly 0)."""
+    start = log[0][metric]
+    tail = [m[metric] - start for m in log[-LAST:]]
+    return sum(tail) / len(tail)
 
 
 def _smoothed(values: list[float]) -> list[float]:
@@ -58,10 +60,13 @@ def _smoothed(values: list[float]) -> list[float]:
 
 
 def crossing(log: Log, rise: float, metric: str = ACCURACY) -> int | None:
-    """The first step whose smoothed accuracy is at least ``rise`` above step 0 (None if never)."""
+    """The first step whose smoothed accuracy is at least ``rise`` above step 0 (None if never).
+
+    The rise is smoothed, not the accuracy: a mean of equal values can differ from them by a
+    rounding error, and a flat log must never rise however small ``rise`` is."""
     start = log[0][metric]
-    for t, a in enumerate(_smoothed([m[metric] for m in log])):
-        if a - start >= rise:
+    for t, a in enumerate(_smoothed([m[metric] - start for m in log])):
+        if a >= rise:
             return t
     return None
 
