@@ -128,10 +128,26 @@ class Verdicts:
 
 
 def model_shape(args: argparse.Namespace) -> dict[str, Any]:
-    """Qwen2.5-0.5B's config with ``--layers`` and ``--vocab`` applied."""
+    """Qwen2.5-0.5B's config with ``--layers``, ``--vocab`` and ``--heads`` applied (``--heads``
+    keeps the head size, 64, the key-value heads, 2, and the MLP's ratio, 4,864 / 896, to a
+    multiple of 64)."""
     shape = dict(QWEN25_05B)
     if args.layers:
         shape["num_hidden_layers"] = args.layers
+    if args.heads:
+        head = QWEN25_05B["hidden_size"] // QWEN25_05B["num_attention_heads"]
+        ratio = QWEN25_05B["intermediate_size"] / QWEN25_05B["hidden_size"]
+        if args.heads % QWEN25_05B["num_key_value_heads"]:
+            raise SystemExit(f"--heads {args.heads}: a multiple of the key-value heads, 2")
+        hidden = args.heads * head
+        shape.update(
+            num_attention_heads=args.heads,
+            hidden_size=hidden,
+            intermediate_size=64 * round(hidden * ratio / 64),  # splits across tensor-parallel ranks
+            # the logits' scale of the full width: their sd is sqrt(hidden) x the tied embedding's
+            # (RMS-normed hidden states), and the version gaps the checks compare grow with it
+            initializer_range=0.02 * math.sqrt(QWEN25_05B["hidden_size"] / hidden),
+        )
     if args.vocab:
         shape.update(vocab_size=args.vocab, bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1)
     return shape
@@ -589,9 +605,10 @@ step ``s``, ``lr_s = lr * min(1, s / warmup)``: x0.96, 0.92, 0.88, 0.84, then 0.
 preset's lr (1e-6) no version would differ from the last in bf16 and an engine that loaded
 nothing would pass; a constant factor would shrink the logits (the final norm's weight times
 the tied embedding) geometrically until the k = 0 leg's versions hardly differ, the rising
-one keeps them apart: at the CPU test's shape an engine that kept version 4 is 0.09 (mean
-log-prob gap) from version 5 and 0.13 from version 6, against 0.05 allowed and 0.0015 measured
-for an engine that loads (``tests/test_gpu_check.py``)."""
+one keeps them apart: at the CPU test's shape (``--heads 2``, the logits at the full width's
+scale) an engine that kept version 4 is 0.10 (mean log-prob gap) from version 5 and 0.14 from
+version 6, against 0.05 allowed and 0.0017 measured for an engine that loads
+(``tests/test_gpu_check.py``; at the full width, 0.09, 0.13 and 0.0015)."""
 
 
 def disaggregated(args: argparse.Namespace, v: Verdicts) -> dict[str, Any]:
@@ -1067,6 +1084,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="JSON report (default $OUT/gpu_check.json)")
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: Qwen2.5-0.5B's 24)")
     ap.add_argument("--vocab", type=int, default=None, help="vocabulary (default: Qwen2.5's 151,936)")
+    ap.add_argument(
+        "--heads",
+        type=int,
+        default=None,
+        help="attention heads of 64 dims (default: Qwen2.5-0.5B's 14; the width follows)",
+    )
     ap.add_argument("--prompt", type=int, default=256, help="prompt tokens")
     ap.add_argument("--response", type=int, default=1024, help="response ceiling (tokens)")
     ap.add_argument(

@@ -17,7 +17,21 @@ need("transformers", "accelerate", "safetensors", "yaml", "vllm")
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--cpu", "--layers", "2", "--vocab", "2048", "--response", "24", "--prompt", "8", "--bucket-mb", "4"]
+SMALL = [
+    "--cpu",
+    "--layers",
+    "2",
+    "--vocab",
+    "2048",
+    "--heads",
+    "2",
+    "--response",
+    "24",
+    "--prompt",
+    "8",
+    "--bucket-mb",
+    "4",
+]
 """The check at a shape 2 CPU processes run in seconds."""
 
 
@@ -166,7 +180,18 @@ def disaggregated_check(tmp_path, env=None):
     import sys
 
     out = tmp_path / "gpu_check_disaggregated.json"
-    args = ["--cpu", "--disaggregated", "--layers", "2", "--vocab", "2048", "--response", "12"]
+    args = [
+        "--cpu",
+        "--disaggregated",
+        "--layers",
+        "2",
+        "--vocab",
+        "2048",
+        "--heads",
+        "2",
+        "--response",
+        "12",
+    ]
     args += ["--bucket-mb", "4", "--max-tokens", "96", "--timeout", "240", "--out", str(out)]
     args += ["--scratch", str(tmp_path / "scratch")]
     done = subprocess.run(
@@ -270,6 +295,8 @@ def test_the_one_gpu_check_rehearses_on_cpu_and_says_what_it_cannot_run_here(tmp
         "2",
         "--vocab",
         "2048",
+        "--heads",
+        "2",
         "--response",
         "24",
         "--max-tokens",
