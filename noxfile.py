@@ -38,6 +38,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nox
@@ -222,7 +223,16 @@ def tests(session: nox.Session) -> None:
     beside pytest; its output is printed once both have passed."""
     args = [a for a in session.posargs if a != "--with-scale-cpu"]
     _install(session, "dev,scale,scale-cpu,peers")
-    env = {"DAPO_REQUIRE_SCALE": "1", "DAPO_REQUIRE_PEERS": "1", **CPU_ENV, **ONE_THREAD}
+    # the toy runs of built-in losses a worker trains are read back by the other (toybench.memo),
+    # from a folder of this session's own: every session trains them once from scratch
+    cache = tempfile.mkdtemp(prefix="dapo-toy-runs-")
+    env = {
+        "DAPO_REQUIRE_SCALE": "1",
+        "DAPO_REQUIRE_PEERS": "1",
+        "DAPO_TOY_CACHE": cache,
+        **CPU_ENV,
+        **ONE_THREAD,
+    }
     # one pytest worker per core (at most 4: each holds torch, vLLM and the peers in memory); a
     # file stays on one worker (its module fixtures are built once), and the files that take
     # minutes start first (tests/conftest.py)
@@ -239,6 +249,8 @@ def tests(session: nox.Session) -> None:
         if beside is not None:
             beside.stop()
         raise
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
     if beside is not None:
         beside.finish()
 

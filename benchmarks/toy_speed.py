@@ -166,7 +166,8 @@ def _children_cpu() -> float:
 
 
 def _timed(tree: Path, commands: list[list[str]]) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    # every command from scratch: no toy run read back from an earlier one (toybench.memo)
+    env = {**os.environ, "PYTHONPATH": str(tree), "DAPO_TOY_CACHE": "off"}
     load = os.getloadavg()[0]
     cpu0, t0 = _children_cpu(), time.perf_counter()
     for cmd in commands:

@@ -54,7 +54,7 @@ def _same_logs(a, b):
     return repr(a) == repr(b)  # NaN-safe: a metric with no tokens to average is NaN in both
 
 
-def test_a_later_check_reuses_the_built_in_arms_and_its_results_equal_a_fresh_run():
+def test_a_later_check_reuses_the_built_in_arms_and_its_results_equal_a_fresh_run(monkeypatch):
     """What an earlier call in this process trained (the unprotected and fix arms, a built-in
     candidate) is not trained again; a user's loss is (its module may have changed). Every log is
     the one a call without the memo gives, and a caller that edits a log it got edits no one else's."""
@@ -63,6 +63,9 @@ def test_a_later_check_reuses_the_built_in_arms_and_its_results_equal_a_fresh_ru
     from toybench.check import derived_experiment
     from toybench.experiment import run_experiments, with_steps
 
+    monkeypatch.setenv(
+        "DAPO_TOY_CACHE", "off"
+    )  # this process's memo alone (tests/test_toy_cache.py: the disk)
     memo.clear()
     losses = [resolve("cispo"), resolve("broken_losses:symmetric_clip")]
     exp = with_steps(derived_experiment(MODES["entropy_collapse"], losses, {}), 12)

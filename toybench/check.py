@@ -521,9 +521,11 @@ def check(
     progress: bool = False,
     off_policy: OffPolicy = OffPolicy(),
     blocks: dict[str, list[int]] | None = None,
+    stats: dict[str, int] | None = None,
 ) -> list[LossResult]:
     """Run the check for every loss in ``specs`` at once (the unprotected and fix arms are
-    shared). ``blocks`` names the seed blocks outright (``discovery``, ``confirmation``) in
+    shared; runs of built-in losses an earlier check trained are read back,
+    :mod:`toybench.memo`, and counted in ``stats`` as ``reused``). ``blocks`` names the seed blocks outright (``discovery``, ``confirmation``) in
     place of ``seeds`` and ``seed_start``. ``overrides`` sets knobs of :data:`~dapo.registry.KNOBS` for every
     candidate; ``claims`` replaces each loss's own claims and ``knobs`` the knobs each says
     it honours; ``off_policy`` runs every arm on stale rollouts with a correction."""
@@ -577,6 +579,7 @@ def check(
         progress=progress,
         memo=True,
         blocks=blocks,
+        stats=stats,
     )
     for m, res in zip(modes, done):
         _judge(MODES[m], res, results)

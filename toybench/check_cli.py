@@ -169,6 +169,7 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
     if note:
         print(note, file=sys.stderr)
     t0 = time.perf_counter()
+    stats: dict[str, int] = {}
     try:
         results = check(
             losses,
@@ -182,6 +183,7 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
             jobs=args.jobs,
             progress=not args.quiet,
             off_policy=OffPolicy(args.staleness, args.partial, args.correction),
+            stats=stats,
         )
     except LossSpecError as e:  # a user's loss that raises on the toy's tensors
         raise UsageError(f"check: {e}") from None
@@ -203,5 +205,16 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
         path = write_report(results, payload, args.out)
         print(f"report: {path}")
     failed = [r for r in results if not r.passed]
-    print(f"\n{len(results) - len(failed)} of {len(results)} losses pass ({seconds:.0f} s)")
+    print(f"\n{len(results) - len(failed)} of {len(results)} losses pass ({seconds:.0f} s{_reused(stats)})")
     return 1 if failed else 0
+
+
+def _reused(stats: dict[str, int]) -> str:
+    """Where the runs the check did not train came from (toybench.memo), for the closing line."""
+    if not stats.get("reused"):
+        return ""
+    from .memo import cache_dir
+
+    where = cache_dir()
+    source = "this process" if where is None else f"{where}; DAPO_TOY_CACHE=off trains them"
+    return f"; {stats['reused']} of {stats['reused'] + stats['runs']} runs of built-in losses read back from {source}"

@@ -294,8 +294,8 @@ def run_experiments(
     ``batched`` stacks runs that can share a tensor computation (:mod:`toybench.engine`),
     ``loop`` trains every run on its own (:func:`toybench.runner.train`). Results depend
     on neither. A run two experiments share (the same :class:`RunSpec`) is trained once;
-    with ``memo``, so is a run of a built-in loss that an earlier call in this process trained
-    (:mod:`toybench.memo`). ``stats``, when given, receives ``runs`` (trained), ``run_ids``
+    with ``memo``, so is a run of a built-in loss that an earlier call trained, in this
+    process or another (:mod:`toybench.memo`). ``stats``, when given, receives ``runs`` (trained), ``run_ids``
     (asked for) and ``reused`` (taken from the memo). ``blocks`` names the seed blocks
     outright (``{"discovery": [...], "confirmation": [...]}``) in place of ``seeds``."""
     from . import memo as kept
@@ -350,6 +350,9 @@ def run_experiments(
                 logs[name][arm][seed] = log
             for name, _, _ in users:  # a job's CPU time, split by its runs and their users
                 cpu[name] += secs / len(job.runs) / len(users)
+    for per_arm in logs.values():  # in the seeds' order, whichever runs were read back
+        for arm, by_seed in per_arm.items():
+            per_arm[arm] = {s: by_seed[s] for s in seed_list if s in by_seed}
     return [evaluate(e, seed_list, logs[e.name], cpu[e.name], policy, blocks) for e in experiments]
 
 
