@@ -197,6 +197,12 @@ class RolloutConfig:
     """Upper bound of the weights the sync gathers at once (MiB); a tensor larger than this
     goes alone. The sync's extra memory is at most a bucket (plus its dtype cast), never the
     model."""
+    delta_sync: bool = False
+    """``rollout.mode: disaggregated``: send each policy version to the generators as the
+    elements whose bits changed since the version before, where that is smaller than the
+    tensor (:mod:`scale.dist.delta`; bit-exact). Costs a copy of the model in the engine's
+    dtype in the host memory of the learner's rank 0 (``dapo plan`` counts it). Logged as
+    ``sync/sent_bytes`` against ``sync/bytes`` and ``sync/changed_fraction``."""
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,9 @@ class FakeCuda(TorchFunctionMode):
                 inner[tree_map(unwrap, args[1])] = unwrap(args[2])
                 return None
             return OnDevice(inner[tree_map(unwrap, args[1])], args[0].device)
+        if func in (torch.nonzero, torch.Tensor.nonzero) and isinstance(args[0], OnDevice):
+            # an output whose size depends on the data (a sync on CUDA): computed on the host copy
+            return OnDevice(func(args[0].inner, *args[1:], **kwargs), args[0].device)
         if func in _SCALARS and isinstance(args[0], OnDevice):  # CUDA allows these (a sync)
             return func(args[0].inner, *args[1:], **kwargs)
         to = _cuda(kwargs.get("device"))

@@ -388,3 +388,40 @@ def test_a_generation_round_longer_than_the_collective_timeout_completes(tiny, t
     assert len(rows) == 2
     assert all(r["async/trainer_idle_s"] > 4 for r in rows)  # each wait outlasted the timeout
     assert took > 12
+
+
+DELTA = ("rollout.delta_sync=true", "rollout.dtype=bfloat16", "train.lr=1.0e-6", "train.weight_decay=0.0")
+"""Delta sync where it pays: a bf16 engine, the presets' learning rate, no decay (every weight
+would move): most bf16 values keep their bits from one version to the next."""
+
+
+def published(run):
+    """Version -> the digest of the weights the learner published (``output.trace_rollouts``)."""
+    rows = [json.loads(x) for x in (run / "trace" / "weights.jsonl").read_text().splitlines()]
+    return {x["version"]: x["weights"] for x in rows}
+
+
+def test_delta_sync_loads_the_published_weights_bit_for_bit_across_a_resume(tiny, tmp_path):
+    """rollout.delta_sync: the run stopped after step 2, then resumed and extended to 6 steps
+    (new generator processes, the learner's copy of what it sent gone: the first version of
+    each leg travels whole): every version each generator loaded, whole or rebuilt from
+    changes, has the digest of the weights the learner published, and the versions after the
+    first of each leg travel as their changes (bytes and the changed share logged)."""
+    run = tmp_path / "run"
+    r = run_cli(BASE + overrides(tiny, run, *K2, *DELTA) + ["--steps", "2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    sent = published(run)  # the resumed run trims the trace to what it publishes again
+    train(tiny, run, *DELTA, "train.steps=6", resume=True)
+    sent.update(published(run))
+    m = metrics(run)
+    assert [x["step"] for x in m] == [1, 2, 3, 4, 5, 6]
+    loads = []
+    for path in (run / "trace").glob("generator*.jsonl"):
+        loads += [json.loads(x) for x in path.read_text().splitlines() if '"weights"' in x]
+    assert {x["version"] for x in loads} == set(sent), (loads, sent)
+    assert all(x["weights"] == sent[x["version"]] for x in loads), (loads, sent)
+    moved = {x["step"]: x for x in m if x.get("sync/changed_fraction") is not None}
+    assert all(x["sync/sent_bytes"] <= x["sync/bytes"] + 16 * 64 for x in moved.values())
+    deltas = {s for s, x in moved.items() if x["sync/changed_fraction"] < 0.5}
+    assert all(moved[s]["sync/sent_bytes"] < moved[s]["sync/bytes"] / 2 for s in deltas), moved
+    assert any(s <= 2 for s in deltas) and any(s > 2 for s in deltas), moved  # in each leg

@@ -165,6 +165,35 @@ def test_placement_estimate_orders_and_depends_on_the_tail():
     assert fixed.rows[1][1:3] == (64, 64)
 
 
+def test_delta_sync_plans_the_measured_bytes_and_the_learners_copy():
+    """rollout.delta_sync: each version's broadcast takes the measured share of the whole
+    model's time (the constant is the committed benchmark's largest share at the presets' lr),
+    and rank 0's node holds one more copy of the model in the engine's dtype."""
+    from dataclasses import replace
+
+    from scale.ops.fit import host_bytes
+    from scale.ops.plan import DELTA_SENT_SHARE, placement
+
+    bench = json.loads(
+        (Path(__file__).resolve().parents[1] / "benchmarks/results/delta_sync.json").read_text()
+    )
+    assert DELTA_SENT_SHARE == round(max(x["sent_share"] for x in bench["by_lr"]["1e-06"]), 3)
+    cfg = load("qwen2.5-32b-dapo", ["rollout.mode=disaggregated", "eval.every=0"])
+    on = replace(cfg, rollout=replace(cfg.rollout, delta_sync=True))
+    cluster = Cluster(16, 8, 80.0)
+    pl = plan(cfg, cluster)
+    whole, sparse = placement(pl, cfg, cluster).assumptions, placement(pl, on, cluster).assumptions
+    assert sparse["weights_broadcast_s"] == pytest.approx(
+        whole["weights_broadcast_s"] * DELTA_SENT_SHARE, abs=0.1
+    )
+    assert sparse["delta_sync_sent_share"] == DELTA_SENT_SHARE and "delta_sync_sent_share" not in whole
+    extra = set(host_bytes(on, pl.params, nodes=16, gpus_per_node=8)) - set(
+        host_bytes(cfg, pl.params, nodes=16, gpus_per_node=8)
+    )
+    assert extra == {"the version sent last (rollout.delta_sync)"}
+    assert host_bytes(on, pl.params, nodes=16, gpus_per_node=8)[extra.pop()] == 2 * pl.params
+
+
 def test_selection_saving_counts_the_rounds_a_higher_acceptance_removes(capsys):
     """--selection-acceptance: the generation time at the rate measured with prompt selection
     against --acceptance, the rest of the plan equal; whole rounds, as the trainer generates."""

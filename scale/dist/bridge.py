@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from . import delta
 from .topology import await_ranks, poll, waiting_for
 
 LEARNER = 0
@@ -58,6 +59,9 @@ class Group:
     size: int
     device: torch.device
     kv: Any = None
+    held: delta.Base | None = None
+    """``rollout.delta_sync`` on the weights group: the version this member sent or received
+    last (:mod:`scale.dist.delta`); None sends every version whole."""
 
     # -- host waits --------------------------------------------------------------------
     def post(self, key: str, data: bytes = b"") -> None:
@@ -263,18 +267,57 @@ def send_weights(
     version: int,
     named: Iterator[tuple[str, torch.Tensor]] | None,
     header: list[tuple[str, list[int], str]],
-) -> None:
+) -> dict[str, int]:
     """Send policy ``version`` from the learner's rank 0: its header (each tensor's name, shape
     and dtype) out of band, in the store, then each tensor broadcast from the group's device.
     ``named`` yields the full tensors in header order. The generators wait for the header on
     the host (:func:`recv_weights`), so no member waits inside the broadcast for longer than
-    it takes to send."""
-    g.post(f"version/{version}", dump({"version": version, "tensors": header}))
+    it takes to send. With ``g.held`` (``rollout.delta_sync``), each tensor is sent as the
+    changes to the version sent before, where that is smaller (:mod:`scale.dist.delta`).
+
+    Returns what was sent: ``elements`` and ``bytes`` of the full tensors, ``changed``
+    elements (bits differing from the version before; all of them without one) and
+    ``sent_bytes`` broadcast (plans, indices and values included)."""
+    held = g.held
+    head: dict[str, Any] = {"version": version, "tensors": header}
+    if held is not None:
+        head.update(delta=True, base=held.version)
+    g.post(f"version/{version}", dump(head))
+    sent = {"elements": 0, "bytes": 0, "changed": 0, "sent_bytes": 0}
     if named is None:
-        return
+        return sent
+    kept: dict[str, torch.Tensor] = {}
     for name, t in named:
         t = t.contiguous().to(g.device)
-        g.broadcast_tensor(t, LEARNER, f"the generators to take {name} of version {version}")
+        numel, full = t.numel(), t.numel() * t.element_size()
+        sent["elements"] += numel
+        sent["bytes"] += full
+        what = f"the generators to take {name} of version {version}"
+        if held is None:
+            g.broadcast_tensor(t, LEARNER, what)
+            sent["changed"] += numel
+            sent["sent_bytes"] += full
+            continue
+        old = held.tensors.get(name)
+        index = delta.changed(old, t) if old is not None and old.shape == t.shape and old.dtype == t.dtype else None
+        count = numel if index is None else index.numel()
+        mode = delta.DENSE if index is None else delta.plan(numel, count, t.element_size())
+        g.broadcast_tensor(torch.tensor([mode, count if mode else numel], device=g.device), LEARNER, what)
+        sent["changed"] += count
+        sent["sent_bytes"] += 16
+        if mode == delta.DENSE:
+            g.broadcast_tensor(t, LEARNER, what)
+            sent["sent_bytes"] += full
+        elif count:
+            assert index is not None
+            values = t.reshape(-1)[index.to(torch.int64)].contiguous()
+            g.broadcast_tensor(index, LEARNER, what)
+            g.broadcast_tensor(values, LEARNER, what)
+            sent["sent_bytes"] += index.numel() * index.element_size() + values.numel() * values.element_size()
+        kept[name] = t.detach().to("cpu", copy=True)  # never the trainer's own storage
+    if held is not None:
+        held.tensors, held.version = kept, version
+    return sent
 
 
 def recv_weights(
@@ -282,13 +325,47 @@ def recv_weights(
 ) -> list[tuple[str, torch.Tensor]]:
     """On a generator: policy ``version`` as the learner sends it, as [(name, tensor)], the
     tensors in host memory (``host``) to wait there until the engine needs them. The wait for
-    the learner to reach this version (a training step or more) is on the host."""
+    the learner to reach this version (a training step or more) is on the host. A version sent
+    as changes (``rollout.delta_sync``) is applied to the one this generator received last
+    (``g.held``), which it must hold (:func:`scale.dist.delta.check_base`)."""
     head = load(g.wait(f"version/{version}", f"the learner's policy version {version}", alive))
-    out = []
+    held = g.held
+    if head.get("delta"):
+        if held is None:
+            raise RuntimeError(
+                f"delta sync: the learner sends policy version {version} as changes, but this generator "
+                "was started without rollout.delta_sync"
+            )
+        delta.check_base(head, held)
+    out, kept = [], {}
     for name, shape, dtype in head["tensors"]:
-        t = torch.empty(shape, dtype=getattr(torch, dtype), device=g.device)
-        g.broadcast_tensor(t, LEARNER, f"tensor {name} of version {version}")
-        out.append((name, t.cpu() if host else t))
+        dt = getattr(torch, dtype)
+        what = f"tensor {name} of version {version}"
+        if not head.get("delta"):
+            t = torch.empty(shape, dtype=dt, device=g.device)
+            g.broadcast_tensor(t, LEARNER, what)
+            out.append((name, t.cpu() if host else t))
+            continue
+        assert held is not None
+        plan = torch.empty(2, dtype=torch.int64, device=g.device)
+        g.broadcast_tensor(plan, LEARNER, what)
+        mode, count = (int(x) for x in plan.tolist())
+        if mode == delta.DENSE:
+            t = torch.empty(shape, dtype=dt, device=g.device)
+            g.broadcast_tensor(t, LEARNER, what)
+        else:
+            numel = int(torch.Size(shape).numel())
+            index = torch.empty(count, dtype=delta.index_dtype(numel), device=g.device)
+            values = torch.empty(count, dtype=dt, device=g.device)
+            if count:
+                g.broadcast_tensor(index, LEARNER, what)
+                g.broadcast_tensor(values, LEARNER, what)
+            t = delta.apply(held.tensors[name].to(g.device), index, values)
+        kept[name] = t.cpu()
+        out.append((name, kept[name] if host else t))
+    if head.get("delta"):
+        assert held is not None
+        held.tensors, held.version = kept, version
     return out
 
 

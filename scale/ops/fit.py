@@ -207,7 +207,8 @@ def host_bytes(cfg, params: int, *, nodes: int, gpus_per_node: int) -> dict[str,
     gradients and AdamW moments, 16 B per parameter, over the nodes) under
     ``train.fsdp_offload``; the colocated engines' sleep backups (their bf16 weights, each
     engine GPU's share); a disaggregated run's versions held by the generators (on rank 0's
-    node); rank 0's full fp32 copy while it loads and shards the model."""
+    node) and, under ``rollout.delta_sync``, the version rank 0 sent last; rank 0's full fp32
+    copy while it loads and shards the model."""
     r = cfg.rollout
     terms = {
         "offloaded trainer state": 16 * params / nodes if cfg.train.fsdp_offload else 0.0,
@@ -218,6 +219,10 @@ def host_bytes(cfg, params: int, *, nodes: int, gpus_per_node: int) -> dict[str,
             r.generators * r.tensor_parallel * (r.max_staleness + 2) * 2 * params
         )  # each process holds each
         terms["versions held by the generators (rank 0's node)"] = held
+        if r.delta_sync:  # scale.dist.delta: rank 0 keeps what it sent last, in the engine's dtype
+            terms["the version sent last (rollout.delta_sync)"] = (
+                2 * params if r.dtype != "float32" else 4 * params
+            )
     elif r.engine == "vllm" and r.sleep_during_training:
         terms["vLLM sleep backups"] = gpus_per_node * 2 * params / r.tensor_parallel
     return terms

@@ -213,6 +213,14 @@ class Placement:
     assumptions: dict[str, float | int]
 
 
+DELTA_SENT_SHARE = 0.127
+"""The bytes a delta sync sends per version over the whole model's (``rollout.delta_sync``):
+measured by ``python benchmarks/delta_sync.py`` (benchmarks/results/delta_sync.json) at the
+presets' learning rate, 1e-6, on a 0.5B-wide model (2 layers, 59M parameters), the largest
+share over its 4 steps (the first: 0.127; 0.061 by the fourth). At 1e-5: 0.39-0.75; at
+1e-4 every tensor goes whole."""
+
+
 def placement(
     pl: Plan,
     cfg,
@@ -242,6 +250,8 @@ def placement(
     rng = random.Random(seed)
     noise = [max(0.1, 1.0 + gen_cv * rng.gauss(0.0, 1.0)) for _ in range(steps)]
     sync_s = 2 * pl.params / (sync_gbps * 1e9)
+    if cfg.rollout.delta_sync:  # only the changed elements travel (scale.dist.delta)
+        sync_s *= DELTA_SENT_SHARE
 
     def gen_s(g: int) -> float:
         return max(gen_tokens / (g * cluster.decode_tokens_per_s_per_gpu), tail_s)
@@ -273,6 +283,7 @@ def placement(
             "generation_cv": gen_cv,
             "weights_broadcast_gbps": sync_gbps,
             "weights_broadcast_s": round(sync_s, 1),
+            **({"delta_sync_sent_share": DELTA_SENT_SHARE} if cfg.rollout.delta_sync else {}),
             "simulated_steps": steps,
         },
     )

@@ -54,7 +54,7 @@ from dapo import RolloutBatch
 from dapo.pipeline import behaviour_version, versions_needed
 
 from ..config import RunConfig
-from ..dist import bridge, topology
+from ..dist import bridge, delta, topology
 from ..generator.engines import EngineError
 from ..generator.rollout import batch_state, from_state
 from ..learner.sharding import dtype
@@ -187,6 +187,8 @@ class GeneratorPool:
         self.weights: bridge.Group | None = None
         self.batches: bridge.Group | None = None
         self.published: set[int] = set()
+        self.sent: dict[str, int] = {}
+        """What the last :meth:`publish` sent (:func:`scale.dist.bridge.send_weights`; rank 0)."""
         if rank != 0 or first > last:
             return
         out = Path(cfg.output.dir)
@@ -417,7 +419,7 @@ class GeneratorPool:
         try:
             if self.weights is None:
                 self.weights = self._join_weights()
-            bridge.send_weights(self.weights, version, stream, header)
+            self.sent = bridge.send_weights(self.weights, version, stream, header)
         except Exception:
             self._blame_generator()
             raise
@@ -432,7 +434,7 @@ class GeneratorPool:
         for g in range(self.n * self.tp):
             self.batches.wait(f"ready/{g}", f"generator {g // self.tp} to build its engine", self._alive)
         self.batches.post("join")
-        return bridge.group(
+        weights = bridge.group(
             self._store,
             "weights",
             0,
@@ -441,6 +443,8 @@ class GeneratorPool:
             backend=self.weights_backend,
             alive=self._alive,
         )
+        weights.held = delta.Base() if self.cfg.rollout.delta_sync else None  # the version sent last
+        return weights
 
     def _blame_generator(self, wait_s: float = 10.0) -> None:
         """After a failed exchange: if a generator process has died, say so (it is the cause)."""
@@ -650,7 +654,14 @@ class Disaggregated:
                     json.dumps({"step": version, "version": version, "weights": bridge.digest(sent_tensors)})
                     + "\n"
                 )
-        return stats.metrics() if sent else {}
+        if not sent:
+            return {}
+        out = stats.metrics()
+        moved = self.pool.sent if r.delta_sync else {}
+        if moved.get("elements"):  # rank 0: what crossed to the generators
+            out["sync/sent_bytes"] = float(moved["sent_bytes"])
+            out["sync/changed_fraction"] = moved["changed"] / moved["elements"]
+        return out
 
     def collect(self, step_done: int) -> tuple[RolloutBatch | None, dict[str, float]]:
         """Rank 0 takes batch ``step_done + 1`` from the generators (its staleness checked),

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     import_and_freeze(learner=False, vllm=cfg.rollout.engine == "vllm")  # before any group exists
     from transformers import AutoTokenizer
 
-    from ..dist import bridge
+    from ..dist import bridge, delta
     from ..generator.data import prepare_problems
 
     i, n, j, tp = args.index, args.count, args.tp_rank, cfg.rollout.tensor_parallel
@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     batches.post(f"ready/{g}")
     batches.wait("join", "the learner to send its first policy version")
     weights = bridge.group(kv, "weights", g + 1, procs + 1, timeout, backend=backend)
+    weights.held = delta.Base() if cfg.rollout.delta_sync else None  # the version received last
     # received at points every generator process passes in the same order, never beside
     # generation (scale.placement.receive: NCCL's rule for two communicators on one device)
     versions = Receiver(weights, versions_needed(first, last, k, cfg.rollout.partial, floor), leader=g == 0)
