@@ -71,9 +71,8 @@ def measure(
         for name, t in after.items():
             n, size = t.numel(), t.numel() * t.element_size()
             c = delta.changed(before[name], t).numel()
-            mode = delta.plan(n, c, t.element_size())
             elements, changed, full = elements + n, changed + c, full + size
-            sent += 16 + (size if mode == delta.DENSE else c * (delta.INDEX_BYTES + t.element_size()))
+            sent += delta.PLAN_BYTES + delta.cost(n, c, t.element_size())[1]
         rows.append(
             {
                 "step": step,

@@ -17,21 +17,9 @@ need("transformers", "accelerate", "safetensors", "yaml", "vllm")
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = [
-    "--cpu",
-    "--layers",
-    "2",
-    "--vocab",
-    "2048",
-    "--heads",
-    "2",
-    "--response",
-    "24",
-    "--prompt",
-    "8",
-    "--bucket-mb",
-    "4",
-]
+SHAPE = "--cpu --layers 2 --vocab 2048 --heads 2".split()
+"""The model every CPU pass of the check builds: 2 layers, 2 heads of 64, 2,048 tokens."""
+SMALL = [*SHAPE, *"--response 24 --prompt 8 --bucket-mb 4".split()]
 """The check at a shape 2 CPU processes run in seconds."""
 
 
@@ -180,18 +168,7 @@ def disaggregated_check(tmp_path, env=None):
     import sys
 
     out = tmp_path / "gpu_check_disaggregated.json"
-    args = [
-        "--cpu",
-        "--disaggregated",
-        "--layers",
-        "2",
-        "--vocab",
-        "2048",
-        "--heads",
-        "2",
-        "--response",
-        "12",
-    ]
+    args = [*SHAPE, "--disaggregated", "--response", "12"]
     args += ["--bucket-mb", "4", "--max-tokens", "96", "--timeout", "240", "--out", str(out)]
     args += ["--scratch", str(tmp_path / "scratch")]
     done = subprocess.run(
@@ -288,20 +265,7 @@ def test_the_one_gpu_check_rehearses_on_cpu_and_says_what_it_cannot_run_here(tmp
     import sys
 
     out = tmp_path / "one.json"
-    args = [
-        "--one-gpu",
-        "--cpu",
-        "--layers",
-        "2",
-        "--vocab",
-        "2048",
-        "--heads",
-        "2",
-        "--response",
-        "24",
-        "--max-tokens",
-        "96",
-    ]
+    args = [*SHAPE, "--one-gpu", "--response", "24", "--max-tokens", "96"]
     args += ["--timeout", "400", "--out", str(out), "--scratch", str(tmp_path / "scratch")]
     env = {
         **os.environ,

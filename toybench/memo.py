@@ -118,6 +118,7 @@ def _read(root: Path, k: tuple[str, str]) -> Log | None:
 
 def _write(root: Path, k: tuple[str, str], log: Log) -> None:
     path = _path(root, k)
+    tmp = None
     try:
         new = not path.parent.is_dir()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,7 +129,8 @@ def _write(root: Path, k: tuple[str, str], log: Log) -> None:
         if new:
             _prune(root)
     except OSError:  # a read-only or full disk: the run is still kept in memory
-        return
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def _prune(root: Path) -> None:
@@ -139,6 +141,14 @@ def _prune(root: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _hold(k: tuple[str, str], log: Log) -> None:
+    """Keep ``log`` in this process as the most recently used run (the oldest go past MAX_RUNS)."""
+    _logs[k] = log
+    _logs.move_to_end(k)
+    while len(_logs) > MAX_RUNS:
+        _logs.popitem(last=False)
+
+
 def get(k: tuple[str, str]) -> Log | None:
     """A copy of the run's log, or None if no process has trained it (or it was let go)."""
     log = _logs.get(k)
@@ -147,18 +157,12 @@ def get(k: tuple[str, str]) -> Log | None:
         log = _read(root, k) if root is not None else None
         if log is None:
             return None
-        _logs[k] = log
-    _logs.move_to_end(k)
-    while len(_logs) > MAX_RUNS:
-        _logs.popitem(last=False)
+    _hold(k, log)
     return [dict(m) for m in log]
 
 
 def put(k: tuple[str, str], log: Log) -> None:
-    _logs[k] = [dict(m) for m in log]
-    _logs.move_to_end(k)
-    while len(_logs) > MAX_RUNS:
-        _logs.popitem(last=False)
+    _hold(k, [dict(m) for m in log])
     root = cache_dir()
     if root is not None:
         _write(root, k, log)

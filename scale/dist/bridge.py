@@ -301,19 +301,16 @@ def send_weights(
         old = held.tensors.get(name)
         index = delta.changed(old, t) if old is not None and old.shape == t.shape and old.dtype == t.dtype else None
         count = numel if index is None else index.numel()
-        mode = delta.DENSE if index is None else delta.plan(numel, count, t.element_size())
+        mode, payload = (delta.DENSE, full) if index is None else delta.cost(numel, count, t.element_size())
         g.broadcast_tensor(torch.tensor([mode, count if mode else numel], device=g.device), LEARNER, what)
         sent["changed"] += count
-        sent["sent_bytes"] += 16
+        sent["sent_bytes"] += delta.PLAN_BYTES + payload
         if mode == delta.DENSE:
             g.broadcast_tensor(t, LEARNER, what)
-            sent["sent_bytes"] += full
         elif count:
             assert index is not None
-            values = t.reshape(-1)[index.to(torch.int64)].contiguous()
             g.broadcast_tensor(index, LEARNER, what)
-            g.broadcast_tensor(values, LEARNER, what)
-            sent["sent_bytes"] += index.numel() * index.element_size() + values.numel() * values.element_size()
+            g.broadcast_tensor(t.reshape(-1)[index.to(torch.int64)].contiguous(), LEARNER, what)
         kept[name] = t.detach().to("cpu", copy=True)  # never the trainer's own storage
     if held is not None:
         held.tensors, held.version = kept, version

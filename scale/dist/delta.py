@@ -35,8 +35,8 @@ from torch import Tensor
 
 DENSE, SPARSE = 0, 1
 """The two modes of a tensor's plan."""
-INDEX_BYTES = 4
-"""An int32 index; tensors past 2^31 - 1 elements take int64 (:func:`index_dtype`)."""
+PLAN_BYTES = 16
+"""A tensor's plan, ``[mode, count]`` as two int64, sent before it."""
 
 
 @dataclass
@@ -68,11 +68,17 @@ def changed(old: Tensor, new: Tensor) -> Tensor:
     return torch.nonzero(diff).reshape(-1).to(index_dtype(new.numel()))
 
 
+def cost(numel: int, count: int, itemsize: int) -> tuple[int, int]:
+    """The mode a tensor of ``numel`` elements with ``count`` changed ones is sent in, and the
+    bytes that follow its plan: :data:`SPARSE` (an index and a value per changed element)
+    where that is fewer than the whole tensor's, else :data:`DENSE`."""
+    whole, changes = numel * itemsize, count * (index_dtype(numel).itemsize + itemsize)
+    return (SPARSE, changes) if changes < whole else (DENSE, whole)
+
+
 def plan(numel: int, count: int, itemsize: int) -> int:
-    """:data:`SPARSE` where ``count`` changed elements cost fewer bytes as indices and values
-    than the whole tensor does, else :data:`DENSE`."""
-    index = INDEX_BYTES if index_dtype(numel) == torch.int32 else 8
-    return SPARSE if count * (index + itemsize) < numel * itemsize else DENSE
+    """The mode of :func:`cost`."""
+    return cost(numel, count, itemsize)[0]
 
 
 def apply(old: Tensor, index: Tensor, values: Tensor) -> Tensor:
@@ -94,4 +100,4 @@ def check_base(head: dict[str, object], held: Base) -> None:
         )
 
 
-__all__ = ["DENSE", "SPARSE", "Base", "apply", "changed", "check_base", "index_dtype", "plan"]
+__all__ = ["DENSE", "PLAN_BYTES", "SPARSE", "Base", "apply", "changed", "check_base", "cost", "index_dtype", "plan"]
