@@ -60,3 +60,66 @@ SLOW_FIRST = (
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
+
+
+# ---- where the tests' CPU goes -----------------------------------------------------------------
+# Wall time under pytest's workers says little on a busy 2-core machine (a file waits for the
+# cores as long as it runs on them); CPU time does not depend on what runs beside. With
+# DAPO_TEST_CPU=<folder>, each test's CPU (its worker's own, plus every child process the test
+# started and waited for: `dapo train`, torchrun and its ranks, the toy check's pool, the
+# commands forked by tests/forkserver.py; not its servers' imports) goes to
+# <folder>/<worker>.jsonl, and the run ends with the files that took the most.
+_CPU_DIR = os.environ.get("DAPO_TEST_CPU")
+
+
+def _cpu_seconds() -> float:
+    """This process's CPU, its waited-for children's, and the commands tests/forkserver.py
+    forked for it (children of its server, not of this process)."""
+    import resource
+    import sys
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    forked = getattr(sys.modules.get("forkserver"), "CHILD_CPU_S", 0.0)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime + forked
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not _CPU_DIR:
+        yield
+        return
+    import json
+    import time
+
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    yield
+    row = {
+        "file": item.path.name,
+        "test": item.nodeid,
+        "cpu_s": round(_cpu_seconds() - cpu, 3),
+        "wall_s": round(time.monotonic() - wall, 3),
+    }
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    os.makedirs(_CPU_DIR, exist_ok=True)
+    with open(os.path.join(_CPU_DIR, f"{worker}.jsonl"), "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _CPU_DIR or os.environ.get("PYTEST_XDIST_WORKER") or not os.path.isdir(_CPU_DIR):
+        return
+    import json
+    from collections import defaultdict
+    from pathlib import Path
+
+    cpu: dict[str, float] = defaultdict(float)
+    wall: dict[str, float] = defaultdict(float)
+    for path in Path(_CPU_DIR).glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            cpu[row["file"]] += row["cpu_s"]
+            wall[row["file"]] += row["wall_s"]
+    total = sum(cpu.values())
+    terminalreporter.section(f"CPU by test file ({total / 60:.1f} CPU-minutes in all; {_CPU_DIR})")
+    for name in sorted(cpu, key=cpu.get, reverse=True)[:25]:
+        terminalreporter.write_line(f"{cpu[name]:8.1f} CPU-s {wall[name]:8.1f} s  {name}")

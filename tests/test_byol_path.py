@@ -11,10 +11,10 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from forkserver import run_dapo
 from scale_support import need
 
 need("transformers", "accelerate", "yaml", "vllm")
@@ -49,15 +49,10 @@ def my_loss(logp, old_logp, advantages, mask, clip, *, is_weights=None):
 
 
 def dapo(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m dapo.cli ARGS`` in ``cwd`` (``train`` forked from a process that imported the
+    stack once: tests/forkserver.py)."""
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
-    return subprocess.run(
-        [sys.executable, "-m", "dapo.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=900,
-    )
+    return run_dapo(args, env=env, cwd=cwd, timeout=900)
 
 
 def git(cwd: Path, *args: str) -> None:

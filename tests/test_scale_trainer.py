@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forkserver import run_dapo
 from multiproc import run_script
 from scale_support import need
 
@@ -42,20 +43,15 @@ def overrides(tiny, out, *extra):
 
 
 def run_cli(args, env_extra=None, timeout=600, drop=()):
+    """``python -m dapo.cli ARGS`` from the repository root (forked from a process that imported
+    the stack once where that is the same: tests/forkserver.py)."""
     env = {
         **{k: v for k, v in os.environ.items() if k not in drop},
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "TOKENIZERS_PARALLELISM": "false",
         **(env_extra or {}),
     }
-    return subprocess.run(
-        [sys.executable, "-m", "dapo.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+    return run_dapo(args, env=env, cwd=ROOT, timeout=timeout)
 
 
 def metrics(out):

@@ -1,0 +1,331 @@
+"""``dapo train``, ``eval`` and ``export`` for the tests, forked from a process that imported
+the stack once.
+
+    from forkserver import run_dapo
+
+    r = run_dapo(["train", "--config", "tiny-cpu", ...], env=env, cwd=ROOT, timeout=600)
+    r.returncode, r.stdout, r.stderr  # as subprocess.run(..., capture_output=True, text=True)
+
+A ``dapo train`` process spends most of its CPU importing torch, transformers, accelerate and
+vLLM (on 2026-12-07, 2-core host: 8.0 of 15.1 CPU-s for a tiny run on the HF engine, 20.4 of
+26.2 with vLLM), and the tests start dozens of them. A fork server per pytest worker and kind
+(``hf``: without vLLM; ``vllm``) imports what :func:`scale.dist.startup.import_and_freeze`
+imports, in the environment :func:`scale.ops.cli.quiet_environment` gives a run, then forks a
+child per command; the child runs ``dapo.cli`` as ``python -m dapo.cli`` would
+(:func:`runpy.run_module` as ``__main__``, its ``sys.path`` and ``sys.argv``, the request's
+working directory, environment, stdin, stdout and stderr), in its own process group, and
+ends through the interpreter's normal exit (atexit handlers, finalizers, non-daemon threads).
+
+What a fresh interpreter would do differently is not served; such a request runs as a
+subprocess, as before:
+
+* an environment that differs from the server's in anything but ``DAPO_*`` variables and
+  ``PYTEST_CURRENT_TEST`` (a variable read when a library imports, ``PYTHONPATH``, a log
+  level), or ``--verbose``;
+* a command other than ``train``, ``eval`` and ``export``;
+* output from the server's own imports (a fresh process would print it; none is expected);
+* ``DAPO_TEST_FORK=0``, or a server that failed to start (said once, on stderr).
+
+A timeout kills the child's process group (the generator processes a disaggregated run
+starts included) and raises :class:`subprocess.TimeoutExpired`. Each child's CPU (from
+``wait4``) is added to :data:`CHILD_CPU_S`, which the tests' CPU report counts
+(``tests/conftest.py``).
+
+Run as a script, this module is the server: ``python tests/forkserver.py SOCKET KIND``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import json
+import locale
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVED = ("train", "eval", "export")
+CHILD_CPU_S = 0.0
+"""CPU seconds of every command this process had forked (the server's children are not its
+own, so ``RUSAGE_CHILDREN`` misses them)."""
+_START_TIMEOUT_S = 300.0
+
+
+def _differs(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """The variables two environments set differently that a library may read when it imports:
+    all but ``DAPO_*`` (this project reads them when it runs) and pytest's
+    ``PYTEST_CURRENT_TEST`` (it changes with every test)."""
+    keys = {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
+    return sorted(k for k in keys if not k.startswith("DAPO_") and k != "PYTEST_CURRENT_TEST")
+
+
+# ---- the server ---------------------------------------------------------------------------------
+
+
+def _quiet_env() -> None:
+    sys.path.insert(0, str(ROOT))
+    from scale.ops.cli import quiet_environment
+
+    quiet_environment(False)
+
+
+def _serve(path: str, kind: str) -> tuple[dict, list[int]] | None:
+    """Import, then answer requests until the parent (the pytest worker) is gone. Returns only
+    in a forked child: its request and the file descriptors it received."""
+    base = dict(os.environ)  # the environment the imports saw; requests are compared with it
+    from scale.dist.startup import import_and_freeze
+
+    # the imports' own output, kept apart: a fresh process would print it, so none may come
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        try:
+            from scale.ops.cli import quiet_engines
+
+            quiet_engines(False)  # as `dapo train`: the engines' loggers quieted before they import
+            import_and_freeze(learner=True, vllm=kind == "vllm")
+            import scale.trainer  # noqa: F401
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, saved_fd in ((1, saved[0]), (2, saved[1])):
+                os.dup2(saved_fd, fd)
+                os.close(saved_fd)
+        out.seek(0)
+        noise = out.read()
+    if noise:
+        print(f"forkserver: the imports printed {noise[-500:]!r}: not serving", file=sys.stderr)
+        return None
+    parent = os.getppid()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(path + ".tmp")
+        os.rename(path + ".tmp", path)  # the client waits for the name: bound and listening
+        server.listen(4)
+        server.settimeout(1.0)
+        while os.getppid() == parent:
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+                request = json.loads(msg)
+                changed = _differs(base, request["env"])
+                if changed:  # the client checks it too
+                    conn.sendall(json.dumps({"refused": changed}).encode() + b"\n")
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    server.close()
+                    conn.close()
+                    return request, fds
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                status, usage = _wait(pid, parent)
+                if status is None:  # the pytest worker is gone: so is the command
+                    return None
+                cpu = usage.ru_utime + usage.ru_stime
+                reply = {"returncode": os.waitstatus_to_exitcode(status), "cpu_s": cpu}
+                try:
+                    conn.sendall(json.dumps(reply).encode() + b"\n")
+                except OSError:
+                    pass  # the client gave up (a timeout): it killed the child itself
+    return None
+
+
+def _wait(pid: int, parent: int) -> tuple[int | None, resource.struct_rusage | None]:
+    """``wait4`` for the child, its status and CPU; if the server's parent dies meanwhile,
+    the child's process group is killed and (None, None) returned."""
+    while True:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:
+            return status, usage
+        if os.getppid() != parent:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            os.wait4(pid, 0)
+            return None, None
+        time.sleep(0.05)
+
+
+def _become(request: dict, fds: list[int]) -> None:
+    """In the child: the process ``python -m dapo.cli ARGS`` would be, up to the run itself."""
+    os.setpgid(0, 0)
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    for k in [k for k in os.environ if k not in request["env"]]:
+        del os.environ[k]
+    os.environ.update(request["env"])
+    sys.path[0] = request["cwd"]  # `-m`: the working directory first, not this file's folder
+    if "dapo.cli" in sys.modules:  # `-m dapo.cli` runs it as __main__, never imported before
+        del sys.modules["dapo.cli"]
+        del sys.modules["dapo"].cli
+    sys.argv = ["-m", *request["args"]]  # runpy puts the module's path in place of "-m"
+    if "numpy" in sys.modules:  # numpy's global generator, seeded afresh as in a new process
+        sys.modules["numpy"].random.seed()
+
+
+# ---- the client ---------------------------------------------------------------------------------
+
+
+class _Server:
+    """A server of ``kind`` started in ``env`` (the first request's environment)."""
+
+    def __init__(self, kind: str, env: dict[str, str]):
+        self.kind = kind
+        self.dir = tempfile.mkdtemp(prefix=f"dapo-fork-{kind}-")
+        self.path = os.path.join(self.dir, "socket")
+        self.log = open(os.path.join(self.dir, "server.log"), "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, self.path, kind],
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        end = time.monotonic() + _START_TIMEOUT_S
+        while not os.path.exists(self.path):
+            if self.proc.poll() is not None or time.monotonic() > end:
+                self.proc.kill()
+                self.log.flush()
+                text = Path(self.log.name).read_text(errors="replace")[-1000:]
+                raise RuntimeError(f"the {kind} fork server did not start: {text}")
+            time.sleep(0.05)
+        self.env = _with_defaults(env)  # what its imports saw; a request is compared with it
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+
+
+_servers: dict[str, _Server | None] = {}
+
+
+def _server(kind: str, env: dict[str, str]) -> _Server | None:
+    if kind not in _servers:
+        try:
+            _servers[kind] = _Server(kind, env)
+        except RuntimeError as err:
+            print(f"forkserver: {err}; commands run as subprocesses", file=sys.stderr)
+            _servers[kind] = None
+    return _servers[kind]
+
+
+def _close_all() -> None:
+    for server in _servers.values():
+        if server is not None:
+            server.close()
+
+
+atexit.register(_close_all)
+
+
+def _kind(args: list[str]) -> str:
+    """``hf`` where the process hosts no vLLM engine (the HF engine, a disaggregated run's
+    learner, an export: a fresh process would not import vLLM), else ``vllm``."""
+    hf = {"rollout.engine=hf", "rollout.mode=disaggregated"} & set(args) or any(
+        a == "--engine" and b == "hf" for a, b in itertools.pairwise(args)
+    )
+    return "hf" if hf or args[:1] == ["export"] else "vllm"
+
+
+def _with_defaults(env: dict[str, str]) -> dict[str, str]:
+    """``env`` as the run sees it once :func:`scale.ops.cli.quiet_environment` has set its
+    defaults (before any library imports)."""
+    from scale.ops.cli import quiet_environment
+
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        quiet_environment(False)
+        return dict(os.environ)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def run_dapo(
+    args: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | Path = ROOT,
+    timeout: float | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run([sys.executable, "-m", "dapo.cli", *args], capture_output=True,
+    text=True, env=env, cwd=cwd, timeout=timeout)``, forked from a server where it can be."""
+    global CHILD_CPU_S
+    env = dict(os.environ if env is None else env)
+    argv = [sys.executable, "-m", "dapo.cli", *args]
+    server = None
+    if (
+        os.environ.get("DAPO_TEST_FORK", "1") != "0"
+        and args[:1]
+        and args[0] in SERVED
+        and "--verbose" not in args
+    ):
+        server = _server(_kind(args), env)
+    seen = _with_defaults(env) if server is not None else {}
+    if server is None or _differs(seen, server.env):
+        return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull) as null:
+        request = {"args": args, "env": seen, "cwd": str(Path(cwd).resolve())}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(server.path)
+            socket.send_fds(conn, [json.dumps(request).encode()], [null.fileno(), out.fileno(), err.fileno()])
+            reader = conn.makefile("r")
+            first = json.loads(reader.readline())
+            if "refused" in first:
+                return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+            pid = first["pid"]
+            conn.settimeout(timeout)
+            try:
+                line = reader.readline()
+            except (TimeoutError, KeyboardInterrupt) as stop:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                if isinstance(stop, KeyboardInterrupt):
+                    raise
+                out.seek(0)
+                err.seek(0)
+                raise subprocess.TimeoutExpired(argv, timeout, out.read(), err.read()) from None
+            reply = json.loads(line)
+        CHILD_CPU_S += reply["cpu_s"]
+        return subprocess.CompletedProcess(argv, reply["returncode"], _text(out), _text(err))
+
+
+def _text(f) -> str:
+    """What ``subprocess.run(text=True)`` makes of a stream: the locale's encoding, universal
+    newlines."""
+    f.seek(0)
+    return f.read().decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
+
+
+if __name__ == "__main__":
+    _quiet_env()
+    served = _serve(sys.argv[1], sys.argv[2])
+    if served is None:
+        sys.exit(0)
+    _become(*served)
+    del served
+    import runpy
+
+    runpy.run_module("dapo.cli", run_name="__main__", alter_sys=True)
