@@ -71,7 +71,7 @@ def _differs(a: dict[str, str], b: dict[str, str]) -> list[str]:
 
 
 def _quiet_env() -> None:
-    sys.path.insert(0, str(ROOT))
+    sys.path[0] = str(ROOT)  # not this file's folder: a fresh `python -m dapo.cli` has no tests/ on its path
     from scale.ops.cli import quiet_environment
 
     quiet_environment(False)
@@ -120,7 +120,7 @@ def _serve(path: str, kind: str) -> tuple[dict, list[int]] | None:
                 msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
                 request = json.loads(msg)
                 changed = _differs(base, request["env"])
-                if changed:  # the client checks it too
+                if changed:
                     conn.sendall(json.dumps({"refused": changed}).encode() + b"\n")
                     for fd in fds:
                         os.close(fd)
@@ -185,10 +185,10 @@ def _become(request: dict, fds: list[int]) -> None:
 
 
 class _Server:
-    """A server of ``kind`` started in ``env`` (the first request's environment)."""
+    """A server of ``kind`` started in the pytest worker's own environment (not a request's: a
+    test's ``PYTHONPATH`` would be on its path, and every later request refused)."""
 
-    def __init__(self, kind: str, env: dict[str, str]):
-        self.kind = kind
+    def __init__(self, kind: str):
         self.dir = tempfile.mkdtemp(prefix=f"dapo-fork-{kind}-")
         self.path = os.path.join(self.dir, "socket")
         self.log = open(os.path.join(self.dir, "server.log"), "w")
@@ -198,7 +198,7 @@ class _Server:
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=dict(os.environ),
         )
         end = time.monotonic() + _START_TIMEOUT_S
         while not os.path.exists(self.path):
@@ -208,7 +208,6 @@ class _Server:
                 text = Path(self.log.name).read_text(errors="replace")[-1000:]
                 raise RuntimeError(f"the {kind} fork server did not start: {text}")
             time.sleep(0.05)
-        self.env = _with_defaults(env)  # what its imports saw; a request is compared with it
 
     def close(self) -> None:
         self.proc.kill()
@@ -219,10 +218,10 @@ class _Server:
 _servers: dict[str, _Server | None] = {}
 
 
-def _server(kind: str, env: dict[str, str]) -> _Server | None:
+def _server(kind: str) -> _Server | None:
     if kind not in _servers:
         try:
-            _servers[kind] = _Server(kind, env)
+            _servers[kind] = _Server(kind)
         except RuntimeError as err:
             print(f"forkserver: {err}; commands run as subprocesses", file=sys.stderr)
             _servers[kind] = None
@@ -275,6 +274,10 @@ def run_dapo(
     global CHILD_CPU_S
     env = dict(os.environ if env is None else env)
     argv = [sys.executable, "-m", "dapo.cli", *args]
+
+    def fresh() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+
     server = None
     if (
         os.environ.get("DAPO_TEST_FORK", "1") != "0"
@@ -282,19 +285,18 @@ def run_dapo(
         and args[0] in SERVED
         and "--verbose" not in args
     ):
-        server = _server(_kind(args), env)
-    seen = _with_defaults(env) if server is not None else {}
-    if server is None or _differs(seen, server.env):
-        return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+        server = _server(_kind(args))
+    if server is None:
+        return fresh()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull) as null:
-        request = {"args": args, "env": seen, "cwd": str(Path(cwd).resolve())}
+        request = {"args": args, "env": _with_defaults(env), "cwd": str(Path(cwd).resolve())}
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(server.path)
             socket.send_fds(conn, [json.dumps(request).encode()], [null.fileno(), out.fileno(), err.fileno()])
             reader = conn.makefile("r")
             first = json.loads(reader.readline())
-            if "refused" in first:
-                return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+            if "refused" in first:  # the environment differs from the one its imports saw
+                return fresh()
             pid = first["pid"]
             conn.settimeout(timeout)
             try:
