@@ -230,6 +230,9 @@ def tests(session: nox.Session) -> None:
         "DAPO_REQUIRE_SCALE": "1",
         "DAPO_REQUIRE_PEERS": "1",
         "DAPO_TOY_CACHE": cache,
+        # each test's CPU and the `dapo` commands forked for it; the run ends with the files that
+        # took the most and why any command ran fresh (tests/conftest.py, tests/forkserver.py)
+        "DAPO_TEST_CPU": os.environ.get("DAPO_TEST_CPU") or tempfile.mkdtemp(prefix="dapo-test-cpu-"),
         **CPU_ENV,
         **ONE_THREAD,
     }
@@ -241,7 +244,9 @@ def tests(session: nox.Session) -> None:
     workers += ["--no-loadscope-reorder"] if workers else []
     # --with-scale-cpu: scale_cpu's smoke run and rehearsal beside pytest, in this environment
     # (their waits for vLLM and for the heartbeat leave cores idle that pytest fills)
-    beside = _scale_cpu_beside(session) if "--with-scale-cpu" in session.posargs else None
+    # (not with --install-only: nothing else runs then)
+    wanted = "--with-scale-cpu" in session.posargs and "--install-only" not in sys.argv
+    beside = _scale_cpu_beside(session) if wanted else None
     try:
         # --durations: where CI's minutes go, in every log (issue 45's budget)
         session.run("pytest", "-q", "--durations=30", *workers, *args, env=env)

@@ -89,15 +89,22 @@ def pytest_runtest_protocol(item, nextitem):
         yield
         return
     import json
+    import sys
     import time
 
-    cpu, wall = _cpu_seconds(), time.monotonic()
+    def served() -> tuple[int, int]:
+        fork = sys.modules.get("forkserver")
+        return (fork.FORKED, len(fork.FRESH)) if fork else (0, 0)
+
+    cpu, wall, (forked, fresh) = _cpu_seconds(), time.monotonic(), served()
     yield
     row = {
         "file": item.path.name,
         "test": item.nodeid,
         "cpu_s": round(_cpu_seconds() - cpu, 3),
         "wall_s": round(time.monotonic() - wall, 3),
+        "forked": served()[0] - forked,  # `dapo` commands forked by tests/forkserver.py
+        "fresh": sys.modules["forkserver"].FRESH[fresh:] if "forkserver" in sys.modules else [],
     }
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     os.makedirs(_CPU_DIR, exist_ok=True)
@@ -114,12 +121,22 @@ def pytest_terminal_summary(terminalreporter):
 
     cpu: dict[str, float] = defaultdict(float)
     wall: dict[str, float] = defaultdict(float)
+    forked, fresh = 0, defaultdict(int)
     for path in Path(_CPU_DIR).glob("*.jsonl"):
         for line in path.read_text().splitlines():
             row = json.loads(line)
             cpu[row["file"]] += row["cpu_s"]
             wall[row["file"]] += row["wall_s"]
+            forked += row.get("forked", 0)
+            for why in row.get("fresh", []):
+                fresh[f"{row['file']}: {why[:200]}"] += 1
     total = sum(cpu.values())
     terminalreporter.section(f"CPU by test file ({total / 60:.1f} CPU-minutes in all; {_CPU_DIR})")
     for name in sorted(cpu, key=cpu.get, reverse=True)[:25]:
         terminalreporter.write_line(f"{cpu[name]:8.1f} CPU-s {wall[name]:8.1f} s  {name}")
+    terminalreporter.write_line(
+        f"tests/forkserver.py: {forked} dapo commands forked, {sum(fresh.values())} run fresh"
+        + ("; why:" if fresh else "")
+    )
+    for why in sorted(fresh, key=fresh.get, reverse=True)[:15]:
+        terminalreporter.write_line(f"{fresh[why]:6d}  {why}")

@@ -16,15 +16,22 @@ child per command; the child runs ``dapo.cli`` as ``python -m dapo.cli`` would
 working directory, environment, stdin, stdout and stderr), in its own process group, and
 ends through the interpreter's normal exit (atexit handlers, finalizers, non-daemon threads).
 
-What a fresh interpreter would do differently is not served; such a request runs as a
-subprocess, as before:
+A server imports in the environment of the requests it serves (a variable read when a library
+imports, ``PYTHONPATH``, a log level), so there is one per kind and environment, ``DAPO_*``
+variables and ``PYTEST_CURRENT_TEST`` aside (this project reads the first when it runs; pytest
+changes the second with every test): a test's own ``PYTHONPATH`` gets a server of its own, and
+so do the requests after a library imported in the pytest worker set variables there (vLLM sets
+seven, ``LD_LIBRARY_PATH`` among them, and a test that imports it in-process leaves them in
+every later request's environment: in CI on 2026-12-07 every command after such a test had run
+fresh, unseen). At most :data:`MAX_SERVERS` live per worker; the least recently used goes.
 
-* an environment that differs from the server's in anything but ``DAPO_*`` variables and
-  ``PYTEST_CURRENT_TEST`` (a variable read when a library imports, ``PYTHONPATH``, a log
-  level), or ``--verbose``;
-* a command other than ``train``, ``eval`` and ``export``;
+What a fresh interpreter would do differently is not served; such a request runs as a
+subprocess, as before, and its reason is kept in :data:`FRESH` (the tests' CPU report counts
+them):
+
+* ``--verbose``, or a command other than ``train``, ``eval`` and ``export``;
 * output from the server's own imports (a fresh process would print it; none is expected);
-* ``DAPO_TEST_FORK=0``, or a server that failed to start (said once, on stderr).
+* ``DAPO_TEST_FORK=0``, or a server that failed to start.
 
 A timeout kills the child's process group (the generator processes a disaggregated run
 starts included) and raises :class:`subprocess.TimeoutExpired`. Each child's CPU (from
@@ -43,6 +50,7 @@ import json
 import locale
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -56,15 +64,30 @@ SERVED = ("train", "eval", "export")
 CHILD_CPU_S = 0.0
 """CPU seconds of every command this process had forked (the server's children are not its
 own, so ``RUSAGE_CHILDREN`` misses them)."""
+FORKED = 0
+"""How many commands this process had forked."""
+FRESH: list[str] = []
+"""Why each command that a server could have forked ran as a subprocess instead."""
+MAX_SERVERS = 3
+"""Servers alive per pytest worker: each holds the imported stack (the vLLM kind about 0.6 GB);
+one per kind, and one more for the environment a test changed."""
 _START_TIMEOUT_S = 300.0
 
 
+def _read_at_import(key: str) -> bool:
+    """Whether a library may read the variable when it imports: all but ``DAPO_*`` (this
+    project reads them when it runs) and pytest's ``PYTEST_CURRENT_TEST`` (it changes with every
+    test)."""
+    return not key.startswith("DAPO_") and key != "PYTEST_CURRENT_TEST"
+
+
+def _at_import(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if _read_at_import(k)}
+
+
 def _differs(a: dict[str, str], b: dict[str, str]) -> list[str]:
-    """The variables two environments set differently that a library may read when it imports:
-    all but ``DAPO_*`` (this project reads them when it runs) and pytest's
-    ``PYTEST_CURRENT_TEST`` (it changes with every test)."""
-    keys = {k for k in set(a) | set(b) if a.get(k) != b.get(k)}
-    return sorted(k for k in keys if not k.startswith("DAPO_") and k != "PYTEST_CURRENT_TEST")
+    """The variables read at import (:func:`_read_at_import`) two environments set differently."""
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and _read_at_import(k))
 
 
 # ---- the server ---------------------------------------------------------------------------------
@@ -185,10 +208,9 @@ def _become(request: dict, fds: list[int]) -> None:
 
 
 class _Server:
-    """A server of ``kind`` started in the pytest worker's own environment (not a request's: a
-    test's ``PYTHONPATH`` would be on its path, and every later request refused)."""
+    """A server of ``kind`` that imports in ``env`` (a request's, as the run sees it)."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, env: dict[str, str]):
         self.dir = tempfile.mkdtemp(prefix=f"dapo-fork-{kind}-")
         self.path = os.path.join(self.dir, "socket")
         self.log = open(os.path.join(self.dir, "server.log"), "w")
@@ -198,7 +220,7 @@ class _Server:
             stdin=subprocess.DEVNULL,
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            env=dict(os.environ),
+            env=_at_import(env),
         )
         end = time.monotonic() + _START_TIMEOUT_S
         while not os.path.exists(self.path):
@@ -213,24 +235,34 @@ class _Server:
         self.proc.kill()
         self.proc.wait()
         self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
-_servers: dict[str, _Server | None] = {}
+_servers: dict[tuple[str, tuple[tuple[str, str], ...]], _Server | str] = {}
+"""Live servers (or why one did not start) by kind and environment, the most recently used last."""
 
 
-def _server(kind: str) -> _Server | None:
-    if kind not in _servers:
+def _server(kind: str, env: dict[str, str]) -> _Server | str:
+    """The server of ``kind`` for a request's environment, started if there is none; or why
+    it could not start."""
+    key = kind, tuple(sorted(_at_import(env).items()))
+    if key not in _servers:
+        while len(_servers) >= MAX_SERVERS:
+            old = _servers.pop(next(iter(_servers)))
+            if isinstance(old, _Server):
+                old.close()
         try:
-            _servers[kind] = _Server(kind)
+            _servers[key] = _Server(kind, env)
         except RuntimeError as err:
             print(f"forkserver: {err}; commands run as subprocesses", file=sys.stderr)
-            _servers[kind] = None
-    return _servers[kind]
+            _servers[key] = str(err)
+    _servers[key] = _servers.pop(key)  # the most recently used last
+    return _servers[key]
 
 
 def _close_all() -> None:
     for server in _servers.values():
-        if server is not None:
+        if isinstance(server, _Server):
             server.close()
 
 
@@ -271,32 +303,34 @@ def run_dapo(
 ) -> subprocess.CompletedProcess[str]:
     """``subprocess.run([sys.executable, "-m", "dapo.cli", *args], capture_output=True,
     text=True, env=env, cwd=cwd, timeout=timeout)``, forked from a server where it can be."""
-    global CHILD_CPU_S
+    global CHILD_CPU_S, FORKED
     env = dict(os.environ if env is None else env)
     argv = [sys.executable, "-m", "dapo.cli", *args]
 
-    def fresh() -> subprocess.CompletedProcess[str]:
+    def fresh(why: str) -> subprocess.CompletedProcess[str]:
+        FRESH.append(why)
         return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
-    server = None
-    if (
-        os.environ.get("DAPO_TEST_FORK", "1") != "0"
-        and args[:1]
-        and args[0] in SERVED
-        and "--verbose" not in args
-    ):
-        server = _server(_kind(args))
-    if server is None:
-        return fresh()
+    if os.environ.get("DAPO_TEST_FORK", "1") == "0":
+        return fresh("DAPO_TEST_FORK=0")
+    if not args or args[0] not in SERVED:
+        return fresh(f"not served: {args[:1]}")
+    if "--verbose" in args:
+        return fresh("--verbose")
+    seen = _with_defaults(env)
+    server = _server(_kind(args), seen)
+    if isinstance(server, str):
+        return fresh(server)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull) as null:
-        request = {"args": args, "env": _with_defaults(env), "cwd": str(Path(cwd).resolve())}
+        request = {"args": args, "env": seen, "cwd": str(Path(cwd).resolve())}
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(server.path)
             socket.send_fds(conn, [json.dumps(request).encode()], [null.fileno(), out.fileno(), err.fileno()])
             reader = conn.makefile("r")
             first = json.loads(reader.readline())
             if "refused" in first:  # the environment differs from the one its imports saw
-                return fresh()
+                return fresh(f"refused: {', '.join(first['refused'])} differ")
+            FORKED += 1
             pid = first["pid"]
             conn.settimeout(timeout)
             try:

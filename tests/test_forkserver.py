@@ -1,6 +1,7 @@
 """tests/forkserver.py: a command forked from the server is the process ``python -m dapo.cli``
-would be (what it sees, what it prints, its exit status), a timeout leaves nothing running, and
-what a fork cannot reproduce runs as a subprocess."""
+would be (what it sees, what it prints, its exit status), a timeout leaves nothing running, an
+environment changed in the pytest worker gets a server of its own (not a fresh process for every
+later command), and what a fork cannot reproduce runs as a subprocess."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import forkserver
 import pytest
 from forkserver import run_dapo
 from scale_support import need
@@ -80,7 +82,8 @@ def test_a_forked_command_sees_says_and_exits_as_a_fresh_interpreter(tmp_path):
     (code_a, text_a, a), (code_b, text_b, b) = seen["fresh"], seen["forked"]
     assert (code_b, text_b) == (code_a, text_a)
     assert "probe: on stdout" in text_b and "probe: on stderr" in text_b
-    assert a["ppid"] == os.getpid() and b["ppid"] != os.getpid()  # the second one was forked
+    assert a["ppid"] == os.getpid()
+    assert b["ppid"] != os.getpid(), forkserver.FRESH[-1:]  # the second one was forked
     assert (a["env"], b["env"]) == ("fresh", "forked")  # a DAPO_* variable is the request's own
     for key in ("argv", "cwd", "path0", "main", "main_file", "cli_imported"):
         assert a[key] == b[key], key
@@ -98,14 +101,40 @@ def test_a_command_past_its_timeout_is_killed_with_its_process_group(tmp_path):
     while Path(f"/proc/{pid}").exists() and time.monotonic() < end:
         time.sleep(0.05)
     assert not Path(f"/proc/{pid}").exists()
-    assert json.loads(report.read_text())["ppid"] != os.getpid()  # it had been forked
+    assert json.loads(report.read_text())["ppid"] != os.getpid(), forkserver.FRESH[-1:]  # it had been forked
+
+
+def _probe(tmp_path: Path, name: str, args: list[str] | None = None, **env: str) -> dict:
+    here = tmp_path / name
+    here.mkdir()
+    (here / "probe.py").write_text(PROBE)
+    report = here / "probe.json"
+    r = run_dapo(
+        args or _args(here / "run"), env=_env(DAPO_PROBE_OUT=str(report), **env), cwd=here, timeout=300
+    )
+    assert "probe: on stderr" in r.stderr, r.stderr[-2000:]
+    return json.loads(report.read_text())
+
+
+def test_an_environment_changed_in_the_worker_gets_a_server_of_its_own(tmp_path):
+    """What a library's import in the pytest worker does (vLLM sets seven variables, among them
+    LD_LIBRARY_PATH): the requests after it differ from the server's environment in a variable
+    read at import. They are forked from a second server that imported in that environment,
+    not run fresh, and the first server still serves the first environment."""
+    before = forkserver.FRESH[:]
+    a = _probe(tmp_path, "a")
+    changed = _probe(tmp_path, "changed", VLLM_STYLE_IMPORT_SETTING="1")
+    again = _probe(tmp_path, "again")
+    assert forkserver.FRESH == before  # nothing ran fresh
+    assert os.getpid() not in {a["ppid"], changed["ppid"], again["ppid"]}
+    assert changed["ppid"] != a["ppid"]  # another server: it imported under the new variable
+    assert again["ppid"] == a["ppid"]  # the first one is still there and serves its environment
 
 
 def test_what_a_fork_cannot_reproduce_runs_as_a_fresh_process(tmp_path):
-    """A variable a library may read when it imports (here PROBE_OUT, not a DAPO_* one) differs
-    from the server's: the command runs as a subprocess of this process."""
-    (tmp_path / "probe.py").write_text(PROBE)
-    report = tmp_path / "probe.json"
-    r = run_dapo(_args(tmp_path / "run"), env=_env(PROBE_OUT=str(report)), cwd=tmp_path, timeout=300)
-    assert "probe: on stderr" in r.stderr
-    assert json.loads(report.read_text())["ppid"] == os.getpid()
+    """``--verbose`` (the engines' loggers are set before they import, and the servers imported
+    quietly): the command runs as a subprocess of this process, and says why."""
+    here = tmp_path / "verbose"
+    seen = _probe(tmp_path, "verbose", args=[*_args(here / "run"), "--verbose"])
+    assert seen["ppid"] == os.getpid()
+    assert forkserver.FRESH[-1] == "--verbose"
