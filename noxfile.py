@@ -248,6 +248,11 @@ def tests(session: nox.Session) -> None:
     wanted = "--with-scale-cpu" in session.posargs and "--install-only" not in sys.argv
     beside = _scale_cpu_beside(session) if wanted else None
     try:
+        # what the quiet minutes ahead are (a newcomer took them for a hang)
+        session.log(
+            "pytest: a dot per test, the files that take minutes first (tests/conftest.py); one test may "
+            "run 4 minutes with nothing printed; at the end the slowest tests and the CPU by file"
+        )
         # --durations: where CI's minutes go, in every log (issue 45's budget)
         session.run("pytest", "-q", "--durations=30", *workers, *args, env=env)
     except BaseException:

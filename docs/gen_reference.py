@@ -58,11 +58,14 @@ class UndocumentedField(Exception):
 
 def cell(text: str) -> str:
     """``text`` as one Markdown table cell: one line, reST literals as code spans, ``|`` and
-    ``<`` escaped."""
+    ``<`` escaped outside code spans (inside one, Python-Markdown's tables neither split at a
+    ``|`` nor drop a backslash: ``float \\| None`` showed as written)."""
     text = re.sub(r":(?:class|func|mod|data|meth|attr):`~?([^`]+)`", r"`\1`", text)
-    text = " ".join(text.replace("``", "`").split()).replace("|", "\\|")
-    # outside code spans (odd pieces), `<` would open an HTML tag
-    return "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(text.split("`")))
+    text = " ".join(text.replace("``", "`").split())
+    # outside code spans (even pieces), `|` would end the cell and `<` open an HTML tag
+    return "`".join(
+        p if i % 2 else p.replace("|", "\\|").replace("<", "&lt;") for i, p in enumerate(text.split("`"))
+    )
 
 
 # ---------------------------------------------------------------------------------- cli.md
@@ -211,7 +214,7 @@ def config_page() -> str:
             rows = []
             sections.append((key, doc, rows))
             continue
-        rows.append(f"| `{key}` | `{cell(kind)}` | {default} | {cell(doc)} |")
+        rows.append(f"| `{key}` | {cell('`' + kind + '`')} | {default} | {cell(doc)} |")
     for key, doc, rows in sections:
         out.append(f"## `{key}`\n")
         out.append(cell(doc) + "\n")

@@ -217,3 +217,31 @@ def test_documented_path_exists(where, name):
     if not glob.glob(parent):
         pytest.skip(f"{where}: `{name}` is under no directory of this repository: another project's path")
     assert glob.glob(str(ROOT / name)), f"{where}: `{name}` does not exist in the repository"
+
+
+GUIDES = ("getting-started", "how-to", "results")
+# characters a code block shows at a 1280-pixel browser window: the docstring below says whence
+PAGE_WIDTH = 78
+
+
+def test_no_code_line_in_the_guides_is_wider_than_the_page():
+    """The mkdocs-material theme's code block shows about 78 characters of a line at a
+    1280-pixel browser window (measured with headless Chromium on 2026-12-07); the rest is
+    behind a horizontal scroll bar, and longer lines hid their trailing comments
+    (``dapo toy check dapo    # a built-in: dapo grpo dr_grpo ...``) from readers. So no line
+    of a fenced code block in the home page, docs/getting-started, docs/how-to or docs/results is
+    longer: a
+    comment goes on its own line above its command, and a longer command is split with ``\\``
+    continuations, which the parse test above joins. (docs/reference/ is generated.) A block
+    of program output (```text) is exempt: it shows a program's lines as printed, and scrolls
+    rather than show breaks the program does not print."""
+    wide = [
+        f"{_rel(path)}:{number} ({len(line)} characters)"
+        for path in [
+            ROOT / "docs" / "index.md",
+            *(p for g in GUIDES for p in sorted((ROOT / "docs" / g).rglob("*.md"))),
+        ]
+        for number, lang, line in _blocks_and_prose(path)[0]
+        if len(line) > PAGE_WIDTH and lang != "text"
+    ]
+    assert not wide, f"code lines wider than the page's {PAGE_WIDTH} characters:\n" + "\n".join(wide)
