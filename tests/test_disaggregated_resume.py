@@ -410,9 +410,12 @@ def test_delta_sync_loads_the_published_weights_bit_for_bit_across_a_resume(tiny
     run = tmp_path / "run"
     r = run_cli(BASE + overrides(tiny, run, *K2, *DELTA) + ["--steps", "2"])
     assert r.returncode == 0, r.stderr[-3000:]
-    sent = published(run)  # the resumed run trims the trace to what it publishes again
+    before = published(run)
     train(tiny, run, *DELTA, "train.steps=6", resume=True)
-    sent.update(published(run))
+    sent = published(run)  # the trace after the resume alone: every version, once
+    rows = (run / "trace" / "weights.jsonl").read_text().splitlines()
+    assert len(rows) == len(sent)
+    assert all(sent[v] == d for v, d in before.items() if v <= 2)  # the checkpoint's and older kept
     m = metrics(run)
     assert [x["step"] for x in m] == [1, 2, 3, 4, 5, 6]
     loads = []

@@ -586,6 +586,8 @@ class Disaggregated:
         self.held = held
         """Rank 0: batches generated ahead of the step (in flight), a resumed checkpoint's first."""
         self.pool: GeneratorPool | None = None
+        self.traced: set[int] = set()
+        """Rank 0, ``output.trace_rollouts``: the versions ``trace/weights.jsonl`` holds a row of."""
 
     def start(self, step: int, end: int) -> None:
         """Generator processes for the batches up to step ``end`` and the k after it (in flight
@@ -603,7 +605,12 @@ class Disaggregated:
         if self.rank == 0 and self.pool is None:  # a resumed run's traces: drop what runs again
             for path in (self.out / "trace").glob("generator*.jsonl"):
                 trim_jsonl(path, first - 1)
-            trim_jsonl(self.out / "trace" / "weights.jsonl", step - 1)
+            # versions up to the checkpoint's stay: the resumed learner holds exactly those
+            # weights, and a batch in flight may have been sampled with any of them (until
+            # 2026-12-07 the checkpoint's own row went, and was not written again when no batch
+            # left to generate needed it)
+            kept = trim_jsonl(self.out / "trace" / "weights.jsonl", step)
+            self.traced = {int(r["version"]) for r in kept}
         self.pool = GeneratorPool(
             c,
             rank=self.rank,
@@ -646,7 +653,8 @@ class Disaggregated:
 
         sent = self.pool.publish(version, named, weights_header(self.learner.lm, dt))
         stats.seconds = time.perf_counter() - t0
-        if sent and traced:  # what the generators must report having loaded
+        if sent and traced and version not in self.traced:  # what the generators must report having loaded
+            self.traced.add(version)
             path = self.out / "trace" / "weights.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a") as f:
