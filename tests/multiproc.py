@@ -92,10 +92,12 @@ def _describe(what: str, agent_output: str, ranks: list[RankOutput]) -> str:
 
 
 def run_script(
-    argv: list[str], nproc: int, *, timeout_s: float = 240, dist_timeout_s: float = 30
+    argv: list[str], nproc: int, *, timeout_s: float = 240, dist_timeout_s: float = 30, max_restarts: int = 0
 ) -> list[RankOutput]:
     """Run ``argv`` (a script and its arguments, or ``-m module ...``) as ``nproc`` ranks
-    under ``torchrun --standalone`` from the repository root; return every rank's output.
+    under ``torchrun --standalone`` from the repository root; return every rank's output (of
+    the last attempt, where ``max_restarts`` lets torchrun's agent restart the group after a
+    rank fails).
 
     Raises :class:`MultiprocessError` naming the failed rank, its exit status or signal
     and its stderr, or after ``timeout_s`` seconds (every rank is killed first)."""
@@ -109,6 +111,9 @@ def run_script(
             "OMP_NUM_THREADS": "1",
             "PYTHONFAULTHANDLER": "1",
             "PYTHONUNBUFFERED": "1",
+            # as dapo launch sets it: a restarted group must not read the dead attempt's
+            # addresses from torchrun's shared store (scale/ops/launch.py, ENV)
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         }
     )
     with tempfile.TemporaryDirectory(prefix="dapo-mp-") as tmp:
@@ -119,7 +124,7 @@ def run_script(
             "torch.distributed.run",
             "--standalone",
             f"--nproc-per-node={nproc}",
-            "--max-restarts=0",
+            f"--max-restarts={max_restarts}",
             "--redirects=3",
             f"--log-dir={log_dir}",
             *argv,

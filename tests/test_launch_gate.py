@@ -224,8 +224,21 @@ def test_launch_scripts_run_as_printed(tmp_path, capsys):
         assert "10.1.2.3:29500" in argv or "10.1.2.3" in argv
 
     cmd = torchrun_command("qwen2.5-32b-dapo", 2, 8, "node0", [])
-    assert cmd[:6] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend"]
-    assert "node0:29500" in cmd
+    assert cmd[:7] == ["torchrun", "--nnodes", "2", "--nproc-per-node", "8", "--max-restarts", "3"]
+    assert "node0:29500" in cmd and cmd[cmd.index("--resume") + 1] == "auto"
+    # restarts: within the job by the launcher (a failed rank), across node loss by SLURM
+    script = slurm_script("qwen2.5-32b-dapo", 16, 8, [], max_restarts=5)
+    assert "#SBATCH --requeue" in script and "#SBATCH --open-mode=append" in script
+    assert "--max_restarts 5" in script and "--resume auto" in script
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in script  # a restart must not share the agent's store
+    assert (
+        launch_main(
+            ["--config", "qwen2.5-32b-dapo", "--nodes", "2", "--scheduler", "torchrun", "--max-restarts", "0"]
+        )
+        == 0
+    )
+    line = capsys.readouterr().out
+    assert "--max-restarts 0" in line and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in line
     assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "3"]) == 2  # 512 groups over 24 GPUs
     assert "not divisible" in capsys.readouterr().err
     assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in slurm_script("qwen2.5-32b-dapo", 16, 8, [])

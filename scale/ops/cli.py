@@ -114,6 +114,16 @@ def placement_line(cfg, world: int) -> str:  # type: ignore[no-untyped-def]
 def train_main(argv: list[str] | None = None) -> int:
     args = train_parser().parse_args(argv)
     quiet_environment(args.verbose)  # before anything imports torch
+    from . import restart
+
+    now = restart.attempt()  # a launcher's restart continues the run, never starts it again
+    if now.restarted and args.resume is None:
+        if args.fresh and os.environ.get("RANK", "0") == "0":
+            print(
+                f"dapo train: {now}: --fresh ignored (it would delete the run being restarted)",
+                file=sys.stderr,
+            )
+        args.fresh, args.resume = False, "auto"
     if args.fresh and args.resume:
         raise UsageError("--fresh deletes the run that --resume would continue; give one of them")
 
@@ -124,6 +134,11 @@ def train_main(argv: list[str] | None = None) -> int:
     if cfg is None:
         return 2
     _check_data_files(cfg)  # before anything is built (the tiny preset's model takes a minute)
+    if now.restarted:
+        stop = _on_restart(cfg, args, now)
+        if stop is not None:
+            print(f"dapo train: {now}: {stop}", file=sys.stderr)
+            return restart.CRASH_LOOP
     from ..dist.hub import hub_environment
 
     # one process per node reads the hub: the node's other ranks run offline (before any hub
@@ -284,6 +299,39 @@ def train_main(argv: list[str] | None = None) -> int:
     if leaked:  # such a process can end in a SIGABRT at interpreter exit (scale/dist/topology.py)
         print(f"dapo train: warning: gloo threads {leaked} outlived the process group", file=sys.stderr)
     return 0
+
+
+def _on_restart(cfg: Any, args: argparse.Namespace, now: Any) -> str | None:
+    """A restarted attempt (:mod:`scale.ops.restart`) continues from the run's own latest
+    checkpoint (``--resume PATH`` is the first attempt's starting point: once the run has
+    written a checkpoint, a restart continues from it instead). Rank 0 records the restart and
+    says it, or returns why the run stops instead."""
+    import re
+
+    from ..learner.checkpoint import latest
+    from . import restart
+
+    out = Path(cfg.output.dir)
+    first = os.environ.get("RANK", "0") == "0"
+    if args.resume != "auto" and latest(out) is not None:
+        if first:
+            print(
+                f"dapo train: {now}: --resume {args.resume} was the first attempt's start; continuing "
+                f"from the run's latest checkpoint",
+                file=sys.stderr,
+            )
+        args.resume = "auto"
+    if not first:
+        return None
+    shared = restart.shared_store(now)
+    if shared:
+        print(f"dapo train: {now}: {shared}", file=sys.stderr)
+    found = latest(out) if args.resume == "auto" else Path(args.resume)
+    named = re.fullmatch(r"step_(\d+)", found.name) if found is not None else None
+    out.mkdir(parents=True, exist_ok=True)
+    return restart.on_restart(
+        out, now, int(named.group(1)) if named else None, log=lambda line: print(line, file=sys.stderr)
+    )
 
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")

@@ -22,6 +22,11 @@ ENV = {
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
     "NCCL_DEBUG": "WARN",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a dead rank ends the job instead of hanging it
+    # a restart (--max-restarts) must not share torchrun's rendezvous store with the workers: a
+    # restarted group then reads the dead attempt's addresses from it and cannot connect
+    # (pytorch/pytorch#135712, #167288; gloo's connectFullMesh refused on every restart here,
+    # tests/test_restart_torchrun.py): each attempt's rank 0 hosts a store of its own instead
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # vLLM in the trainer's process (colocated)
     "OMP_NUM_THREADS": "8",
 }
@@ -51,6 +56,12 @@ def train_args(config: str, overrides: list[str], require_gate: bool = True) -> 
     return args + list(overrides)
 
 
+MAX_RESTARTS = 3
+"""Restarts of the worker group after a rank fails, per job (``dapo launch --max-restarts``):
+each resumes from the last checkpoint (:mod:`scale.ops.restart`), and a run that dies twice
+at the same step stops at the next."""
+
+
 def accelerate_command(
     config: str,
     nodes: int,
@@ -59,12 +70,15 @@ def accelerate_command(
     master: str,
     overrides: list[str],
     accelerate_config: Path = LAUNCH_DIR / "multinode.yaml",
+    max_restarts: int = MAX_RESTARTS,
 ) -> list[str]:
     return [
         "accelerate",
         "launch",
         "--config_file",
         str(accelerate_config),
+        "--max_restarts",
+        str(max_restarts),
         "--num_machines",
         str(nodes),
         "--num_processes",
@@ -79,13 +93,17 @@ def accelerate_command(
     ]
 
 
-def torchrun_command(config: str, nodes: int, gpus: int, master: str, overrides: list[str]) -> list[str]:
+def torchrun_command(
+    config: str, nodes: int, gpus: int, master: str, overrides: list[str], max_restarts: int = MAX_RESTARTS
+) -> list[str]:
     return [
         "torchrun",
         "--nnodes",
         str(nodes),
         "--nproc-per-node",
         str(gpus),
+        "--max-restarts",
+        str(max_restarts),
         "--rdzv-backend",
         "c10d",
         "--rdzv-endpoint",
@@ -105,13 +123,18 @@ def slurm_script(
     hours: int = 72,
     env: dict[str, str] | None = None,
     learners: int | None = None,
+    max_restarts: int = MAX_RESTARTS,
 ) -> str:
     """An sbatch script that asks for ``gpus`` GPUs on each of ``nodes`` nodes (the whole node)
     and starts ``learners`` training processes per node (default: one per GPU). A disaggregated
     run starts fewer: its generators take the node's remaining GPUs, which SLURM must expose
-    to the job too, or they would land on the learners' devices."""
+    to the job too, or they would land on the learners' devices. A failed rank restarts the
+    group within the job (``max_restarts``); a lost node requeues the job (``--requeue``), whose
+    log is appended to, not replaced."""
     learners = gpus if learners is None else learners
-    cmd = accelerate_command(config, nodes, learners, "$SLURM_NODEID", "$MASTER_ADDR", overrides)
+    cmd = accelerate_command(
+        config, nodes, learners, "$SLURM_NODEID", "$MASTER_ADDR", overrides, max_restarts=max_restarts
+    )
     lines = [
         "#!/bin/bash",
         "#SBATCH --job-name=dapo",
@@ -122,6 +145,8 @@ def slurm_script(
         "#SBATCH --exclusive",
         f"#SBATCH --time={hours}:00:00",
         "#SBATCH --output=dapo-%j.out",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
     ]
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
@@ -171,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="this node's rank for accelerate (default $NODE_RANK, expanded by the shell)",
     )
     ap.add_argument("--partition", type=Text(), default=None, help="SLURM partition")
+    ap.add_argument(
+        "--max-restarts",
+        type=Int(lo=0),
+        default=MAX_RESTARTS,
+        help=f"restarts of the training processes after one fails, each from the last checkpoint "
+        f"(default {MAX_RESTARTS}; a run that dies twice at the same step stops)",
+    )
     ap.add_argument(
         "--hours", type=Int(lo=1, hi=24 * 30), default=72, help="SLURM time limit in hours (default 72)"
     )
@@ -252,13 +284,27 @@ def main(argv: list[str] | None = None) -> int:
                 args.hours,
                 env_vars,
                 learners=per_node,
+                max_restarts=args.max_restarts,
             )
         else:
             words = (
-                torchrun_command(args.config, args.nodes, args.gpus_per_node, args.master, args.overrides)
+                torchrun_command(
+                    args.config,
+                    args.nodes,
+                    args.gpus_per_node,
+                    args.master,
+                    args.overrides,
+                    max_restarts=args.max_restarts,
+                )
                 if args.scheduler == "torchrun"
                 else accelerate_command(
-                    args.config, args.nodes, args.gpus_per_node, args.rank, args.master, args.overrides
+                    args.config,
+                    args.nodes,
+                    args.gpus_per_node,
+                    args.rank,
+                    args.master,
+                    args.overrides,
+                    max_restarts=args.max_restarts,
                 )
             )
             text = f"{env} {shell_line(words)}\n"
