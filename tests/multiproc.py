@@ -111,9 +111,6 @@ def run_script(
             "OMP_NUM_THREADS": "1",
             "PYTHONFAULTHANDLER": "1",
             "PYTHONUNBUFFERED": "1",
-            # as dapo launch sets it: a restarted group must not read the dead attempt's
-            # addresses from torchrun's shared store (scale/ops/launch.py, ENV)
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         }
     )
     with tempfile.TemporaryDirectory(prefix="dapo-mp-") as tmp:

@@ -78,12 +78,3 @@ def test_the_run_stops_exactly_when_two_deaths_in_a_row_share_a_step(reached):
         stop = crash_loop(rows, step)
         assert (stop is not None) == (n > 0 and reached[n - 1] == step)
         rows.append({"reached": step})
-
-
-def test_a_torchrun_restart_sharing_the_agents_store_is_warned_about():
-    shared = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
-    assert restart.shared_store(Attempt(torchrun=1), shared) is not None
-    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in restart.shared_store(Attempt(torchrun=1), shared)
-    assert restart.shared_store(Attempt(torchrun=0), shared) is None  # the first attempt is fine
-    assert restart.shared_store(Attempt(torchrun=1), {"TORCHELASTIC_USE_AGENT_STORE": "False"}) is None
-    assert restart.shared_store(Attempt(slurm=1), shared) is None  # a requeued job starts a new torchrun

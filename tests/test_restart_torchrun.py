@@ -149,3 +149,84 @@ def test_a_run_that_dies_at_the_same_step_on_every_attempt_stops_saying_so(tiny,
     )
     assert "exit status 6" in str(failed.value)
     assert [m["step"] for m in metrics(run)] == [1, 2]  # nothing trained after the stop
+
+
+def test_two_simulated_nodes_restart_together_from_the_checkpoint(tiny, tmp_path):
+    """2 nodes x 2 processes, a static rendezvous (what accelerate's multi-node config and
+    torchrun with --node-rank use): rank 3, on node 1, SIGKILLed in step 3. Node 1's agent
+    restarts its ranks at once; node 0's ranks learn of the death from the heartbeat and end,
+    and its agent restarts them too. The restarted group's default process group is keyed by the
+    attempt (scale.dist.topology.init_restarted_group): a static rendezvous keeps one store for
+    every attempt, and without the key the restarted ranks read the dead attempt's addresses
+    (gloo's connectFullMesh refused). The run resumes from step 2 and ends as the
+    uninterrupted run."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from multiproc import ROOT, TESTS
+
+    from scale.dist.topology import kill_tree
+
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    run = tmp_path / "run"
+    quick = ("train.heartbeat_s=1", "train.heartbeat_timeout_s=5")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)]),
+        "OMP_NUM_THREADS": "1",
+        "DAPO_DIST_TIMEOUT_S": "20",
+        "KILL_AT_STEP": "3",
+        "KILL_RANK": "3",
+    }
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [
+        "train",
+        "--config",
+        "tiny-cpu",
+        "--quiet",
+        *overrides(tiny, run, *RUN, *quick, "rollout.gen_groups=4"),
+    ]
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node-rank={node}",
+                "--nproc-per-node=2",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                "--max-restarts=1",
+                str(script),
+                *args,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        for node in (0, 1)
+    ]
+    end = time.monotonic() + 400
+    try:
+        while any(a.poll() is None for a in agents) and time.monotonic() < end:
+            time.sleep(0.5)
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                kill_tree(a.pid)
+    outputs = [a.communicate()[0].decode(errors="replace") for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    rows = [json.loads(x) for x in (run / "restarts.jsonl").read_text().splitlines()]
+    assert [(r["torchrun"], r["reached"], r["resumes_from"]) for r in rows] == [(1, 2, 2)]
+    ref = tmp_path / "ref"
+    _launch(tiny, tmp_path, ref, nproc=4, extra=(*quick, "rollout.gen_groups=4"))
+    same(metrics(ref), metrics(run), tol=1e-5, skip=("sync/", "async/"))

@@ -102,6 +102,7 @@ def make_accelerator(cfg: Any) -> Any:
     t = cfg.train
     fsdp2 = t.sharding == "fsdp2" and int(os.environ.get("WORLD_SIZE", "1")) > 1
     collectives = dist_timeout(t.dist_timeout_s)
+    init_restarted_group(max(collectives, timedelta(seconds=t.startup_timeout_s)))
     acc = Accelerator(
         cpu=not torch.cuda.is_available(),
         mixed_precision="no" if fsdp2 else t.mixed_precision,
@@ -113,6 +114,41 @@ def make_accelerator(cfg: Any) -> Any:
     )
     bound_collectives(collectives)
     return acc
+
+
+def init_restarted_group(timeout: timedelta) -> bool:
+    """The default process group of an attempt torchrun restarted while its workers share the
+    agent's store, keyed by the attempt (returns whether it built it; accelerate then uses it).
+
+    Such a store outlives the attempts: a restarted group's ranks would read the dead attempt's
+    addresses from it and fail to connect (gloo's connectFullMesh, refused on every restart
+    here; NCCL's unique id in pytorch/pytorch#135712). torchrun keys the store by attempt only
+    when it makes a new one, which a static rendezvous (accelerate's multi-node config, torchrun
+    with ``--node-rank``) never does, and a c10d one does not while it shares its store (its
+    default; ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` makes each attempt's rank 0 host one).
+    Every agent restarts its workers once per failure of the group, so the attempt is the same
+    on every rank. The first attempt is left to accelerate, as before."""
+    import torch
+    import torch.distributed as dist
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if (
+        os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        or attempt in ("", "0")
+        or dist.is_initialized()
+    ):
+        return False
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    dist.init_process_group(
+        "nccl" if torch.cuda.is_available() else "gloo",
+        store=dist.PrefixStore(f"dapo/attempt_{attempt}/", store),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timeout,
+    )
+    return True
 
 
 def bound_collectives(timeout: timedelta) -> None:

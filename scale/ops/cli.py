@@ -323,9 +323,6 @@ def _on_restart(cfg: Any, args: argparse.Namespace, now: Any) -> str | None:
         args.resume = "auto"
     if not first:
         return None
-    shared = restart.shared_store(now)
-    if shared:
-        print(f"dapo train: {now}: {shared}", file=sys.stderr)
     found = latest(out) if args.resume == "auto" else Path(args.resume)
     named = re.fullmatch(r"step_(\d+)", found.name) if found is not None else None
     out.mkdir(parents=True, exist_ok=True)

@@ -22,11 +22,6 @@ ENV = {
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
     "NCCL_DEBUG": "WARN",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a dead rank ends the job instead of hanging it
-    # a restart (--max-restarts) must not share torchrun's rendezvous store with the workers: a
-    # restarted group then reads the dead attempt's addresses from it and cannot connect
-    # (pytorch/pytorch#135712, #167288; gloo's connectFullMesh refused on every restart here,
-    # tests/test_restart_torchrun.py): each attempt's rank 0 hosts a store of its own instead
-    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # vLLM in the trainer's process (colocated)
     "OMP_NUM_THREADS": "8",
 }

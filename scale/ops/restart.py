@@ -65,21 +65,6 @@ def attempt(env: dict[str, str] | None = None) -> Attempt:
     return Attempt(slurm=count("SLURM_RESTART_COUNT"), torchrun=count("TORCHELASTIC_RESTART_COUNT"))
 
 
-def shared_store(now: Attempt, env: dict[str, str] | None = None) -> str | None:
-    """A warning for a torchrun restart whose workers share the agent's rendezvous store
-    (torchrun's default without ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``): the restarted group
-    reads the dead attempt's addresses from it and cannot connect (pytorch/pytorch#135712,
-    #167288; gloo's connectFullMesh was refused on every such restart here). None otherwise."""
-    env = os.environ if env is None else env
-    if now.torchrun == 0 or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    return (
-        "warning: torchrun shares its rendezvous store with this restarted group, which may then "
-        "fail to connect to the previous attempt's addresses; launch torchrun with "
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (dapo launch sets it)"
-    )
-
-
 def last_logged_step(out: Path) -> int:
     """The last step ``metrics.jsonl`` holds (0 without one): how far the attempt before this
     one got. Read before the resumed trainer trims the file to its checkpoint. A torn last line
