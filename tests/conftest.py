@@ -79,7 +79,8 @@ def _cpu_seconds() -> float:
     import sys
 
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    forked = getattr(sys.modules.get("forkserver"), "CHILD_CPU_S", 0.0)
+    fork = sys.modules.get("forkserver")
+    forked = getattr(fork, "CHILD_CPU_S", 0.0) - getattr(fork, "SERVERS_CPU_S", 0.0)  # closed servers: once
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime + forked
 
 

@@ -64,6 +64,10 @@ SERVED = ("train", "eval", "export")
 CHILD_CPU_S = 0.0
 """CPU seconds of every command this process had forked (the server's children are not its
 own, so ``RUSAGE_CHILDREN`` misses them)."""
+SERVERS_CPU_S = 0.0
+"""CPU seconds of the servers this process closed, the commands they forked included (a closed
+server is a waited-for child, so ``RUSAGE_CHILDREN`` counts it: the tests' CPU report takes it
+out again, the commands being in :data:`CHILD_CPU_S` already)."""
 FORKED = 0
 """How many commands this process had forked."""
 FRESH: list[str] = []
@@ -232,8 +236,11 @@ class _Server:
             time.sleep(0.05)
 
     def close(self) -> None:
+        global SERVERS_CPU_S
         self.proc.kill()
-        self.proc.wait()
+        _, status, usage = os.wait4(self.proc.pid, 0)
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        SERVERS_CPU_S += usage.ru_utime + usage.ru_stime
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
