@@ -205,8 +205,9 @@ def plan(cfg, cluster: Cluster, strategy: Strategy = Strategy()) -> Plan:
 
 
 @dataclass(frozen=True)
-class Placement:
-    """Steps per hour of each placement, from :func:`dapo.pipeline.simulate`."""
+class PlacementComparison:
+    """Steps per hour of each placement, from :func:`dapo.pipeline.simulate` (the planner's
+    comparison; not :mod:`scale.placement`, the placements themselves)."""
 
     rows: list[tuple[str, int, int, float]]
     """(placement, generation GPUs, training GPUs, steps per hour)."""
@@ -231,7 +232,7 @@ def placement(
     sync_gbps: float = 25.0,
     steps: int = 400,
     seed: int = 0,
-) -> Placement:
+) -> PlacementComparison:
     """Colocated synchronous against disaggregated at k = 0, 1, 2: the same GPUs, split into
     ``gen_gpus`` that only generate and the rest that only train (None: the split, in whole
     engines, that makes k = 1 fastest). Generation time per step scales with the GPUs that
@@ -275,7 +276,7 @@ def placement(
         ks = (0, 1, 2)
     rows = [("colocated, synchronous", n, n, colocated)]
     rows += [(f"disaggregated, k = {k}", gen_gpus, n - gen_gpus, per_hour(gen_gpus, k)) for k in ks]
-    return Placement(
+    return PlacementComparison(
         rows,
         {
             "generation_s_on_all_gpus": round(gen_s(n), 1),
@@ -289,7 +290,7 @@ def placement(
     )
 
 
-def format_placement(p: Placement) -> str:
+def format_placement(p: PlacementComparison) -> str:
     base = p.rows[0][3]
     lines = ["placement (steps per hour, dapo.pipeline.simulate):"]
     for name, g, t, rate in p.rows:
