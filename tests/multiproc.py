@@ -29,6 +29,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,12 +56,13 @@ def _tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def _rank_outputs(log_dir: Path) -> list[RankOutput]:
-    """Each local rank's stdout/stderr, as torchrun's ``--redirects 3`` wrote them
-    (``<log_dir>/<run_id>/attempt_0/<rank>/std{out,err}.log``)."""
+def _rank_outputs(log_dir: Path, per_node: int) -> list[RankOutput]:
+    """Each rank's stdout/stderr, as torchrun's ``--redirects 3`` wrote them
+    (``<log_dir>/<node>/<run_id>/attempt_<n>/<local rank>/std{out,err}.log``; the last
+    attempt's where there were several)."""
     found: dict[int, RankOutput] = {}
-    for err in sorted(log_dir.glob("*/attempt_*/*/stderr.log")):
-        rank = int(err.parent.name)
+    for err in sorted(log_dir.glob("*/*/attempt_*/*/stderr.log")):
+        rank = int(err.parents[3].name) * per_node + int(err.parent.name)
         out = err.parent / "stdout.log"
         found[rank] = RankOutput(
             rank, out.read_text(errors="replace") if out.exists() else "", err.read_text(errors="replace")
@@ -92,12 +94,20 @@ def _describe(what: str, agent_output: str, ranks: list[RankOutput]) -> str:
 
 
 def run_script(
-    argv: list[str], nproc: int, *, timeout_s: float = 240, dist_timeout_s: float = 30, max_restarts: int = 0
+    argv: list[str],
+    nproc: int,
+    *,
+    timeout_s: float = 240,
+    dist_timeout_s: float = 30,
+    max_restarts: int = 0,
+    nodes: int = 1,
 ) -> list[RankOutput]:
     """Run ``argv`` (a script and its arguments, or ``-m module ...``) as ``nproc`` ranks
     under ``torchrun --standalone`` from the repository root; return every rank's output (of
     the last attempt, where ``max_restarts`` lets torchrun's agent restart the group after a
-    rank fails).
+    rank fails). ``nodes`` > 1 simulates that many nodes of ``nproc`` ranks each: one agent per
+    node on a static rendezvous (``--node-rank``, as a cluster's launch), on a port picked free
+    and released first (the one case here where two launches could race for a port).
 
     Raises :class:`MultiprocessError` naming the failed rank, its exit status or signal
     and its stderr, or after ``timeout_s`` seconds (every rank is killed first)."""
@@ -113,39 +123,62 @@ def run_script(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if nodes == 1:
+        where = [["--standalone"]]
+    else:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        where = [
+            [f"--nnodes={nodes}", f"--node-rank={n}", "--master-addr=127.0.0.1", f"--master-port={port}"]
+            for n in range(nodes)
+        ]
     with tempfile.TemporaryDirectory(prefix="dapo-mp-") as tmp:
         log_dir = Path(tmp)
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            f"--max-restarts={max_restarts}",
-            "--redirects=3",
-            f"--log-dir={log_dir}",
-            *argv,
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    *node,
+                    f"--nproc-per-node={nproc}",
+                    f"--max-restarts={max_restarts}",
+                    "--redirects=3",
+                    f"--log-dir={log_dir / str(n)}",
+                    *argv,
+                ],
+                cwd=ROOT,
+                env=run_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for n, node in enumerate(where)
         ]
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        try:
-            agent_output, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            from scale.dist.topology import kill_tree
+        from scale.dist.topology import kill_tree
 
-            kill_tree(proc.pid)  # the agent and every rank: nothing outlives the test
-            agent_output, _ = proc.communicate()
+        end = time.monotonic() + timeout_s
+        outputs = []
+        try:
+            for proc in procs:
+                outputs.append(proc.communicate(timeout=max(end - time.monotonic(), 0.1))[0])
+        except subprocess.TimeoutExpired:
+            for proc in procs:
+                kill_tree(proc.pid)  # the agents and every rank: nothing outlives the test
+            agent_output = "\n".join(proc.communicate()[0] for proc in procs)
             raise MultiprocessError(
                 _describe(
                     f"{argv} did not finish within {timeout_s:.0f} s; every rank was killed",
                     agent_output,
-                    _rank_outputs(log_dir),
+                    _rank_outputs(log_dir, nproc),
                 )
             ) from None
-        ranks = _rank_outputs(log_dir)
-        if proc.returncode != 0:
-            raise MultiprocessError(_describe(f"{argv} failed", agent_output, ranks))
+        ranks = _rank_outputs(log_dir, nproc)
+        if any(proc.returncode != 0 for proc in procs):
+            raise MultiprocessError(_describe(f"{argv} failed", "\n".join(outputs), ranks))
         return ranks
 
 

@@ -72,7 +72,7 @@ def same(a, b, tol, skip):
         )
 
 
-def _launch(tiny, tmp_path, run, killer=False, max_restarts=0, nproc=2, extra=(), **env):
+def _launch(tiny, tmp_path, run, killer=False, max_restarts=0, nproc=2, nodes=1, extra=(), **env):
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
     argv = [str(script)] if killer else ["-m", "dapo.cli"]
@@ -82,6 +82,7 @@ def _launch(tiny, tmp_path, run, killer=False, max_restarts=0, nproc=2, extra=()
         return run_script(
             [*argv, "train", "--config", "tiny-cpu", "--quiet", *overrides(tiny, run, *RUN, *extra)],
             nproc=nproc,
+            nodes=nodes,
             max_restarts=max_restarts,
             timeout_s=400,
             dist_timeout_s=20,
@@ -160,73 +161,22 @@ def test_two_simulated_nodes_restart_together_from_the_checkpoint(tiny, tmp_path
     every attempt, and without the key the restarted ranks read the dead attempt's addresses
     (gloo's connectFullMesh refused). The run resumes from step 2 and ends as the
     uninterrupted run."""
-    import os
-    import socket
-    import subprocess
-    import sys
-    import time
-
-    from multiproc import ROOT, TESTS
-
-    from scale.dist.topology import kill_tree
-
-    script = tmp_path / "killer.py"
-    script.write_text(KILLER)
     run = tmp_path / "run"
-    quick = ("train.heartbeat_s=1", "train.heartbeat_timeout_s=5")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)]),
-        "OMP_NUM_THREADS": "1",
-        "DAPO_DIST_TIMEOUT_S": "20",
-        "KILL_AT_STEP": "3",
-        "KILL_RANK": "3",
-    }
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    args = [
-        "train",
-        "--config",
-        "tiny-cpu",
-        "--quiet",
-        *overrides(tiny, run, *RUN, *quick, "rollout.gen_groups=4"),
-    ]
-    agents = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes=2",
-                f"--node-rank={node}",
-                "--nproc-per-node=2",
-                "--master-addr=127.0.0.1",
-                f"--master-port={port}",
-                "--max-restarts=1",
-                str(script),
-                *args,
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        for node in (0, 1)
-    ]
-    end = time.monotonic() + 400
-    try:
-        while any(a.poll() is None for a in agents) and time.monotonic() < end:
-            time.sleep(0.5)
-    finally:
-        for a in agents:
-            if a.poll() is None:
-                kill_tree(a.pid)
-    outputs = [a.communicate()[0].decode(errors="replace") for a in agents]
-    assert [a.returncode for a in agents] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    quick = ("train.heartbeat_s=1", "train.heartbeat_timeout_s=5", "rollout.gen_groups=4")
+    _launch(
+        tiny,
+        tmp_path,
+        run,
+        killer=True,
+        max_restarts=1,
+        nproc=2,
+        nodes=2,
+        extra=quick,
+        KILL_AT_STEP="3",
+        KILL_RANK="3",
+    )
     rows = [json.loads(x) for x in (run / "restarts.jsonl").read_text().splitlines()]
     assert [(r["torchrun"], r["reached"], r["resumes_from"]) for r in rows] == [(1, 2, 2)]
     ref = tmp_path / "ref"
-    _launch(tiny, tmp_path, ref, nproc=4, extra=(*quick, "rollout.gen_groups=4"))
+    _launch(tiny, tmp_path, ref, nproc=2, nodes=2, extra=quick)
     same(metrics(ref), metrics(run), tol=1e-5, skip=("sync/", "async/"))
