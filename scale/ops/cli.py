@@ -250,7 +250,7 @@ def train_main(argv: list[str] | None = None) -> int:
             trainer.train(args.steps)
     except CollectiveDeviceError as err:
         print(f"dapo train: rank {os.environ.get('RANK', '0')}: {err}", file=sys.stderr)
-        return 70
+        return _failed(70)
     except (DataError, FileExistsError, FileNotFoundError, ResumeError, LayoutError) as err:
         print(f"dapo train: {err}", file=sys.stderr)
         return 2
@@ -261,17 +261,17 @@ def train_main(argv: list[str] | None = None) -> int:
             f"under {cfg.output.dir}/checkpoints)",
             file=sys.stderr,
         )
-        return 4
+        return _failed(4)
     except LossSpecError as err:  # the user's loss raised on a training batch
         print(
             f"dapo train: rank {os.environ.get('RANK', '0')}: {err}; fix the loss, then resume with "
             f"--resume auto (the last checkpoint under {cfg.output.dir}/checkpoints)",
             file=sys.stderr,
         )
-        return 2
+        return _failed(2)
     except (ScheduleError, StalenessError) as err:  # a bug, not a fault: resuming would meet it again
         print(f"dapo train: rank {os.environ.get('RANK', '0')}: {err}", file=sys.stderr)
-        return 3
+        return _failed(3)
     except (CollectiveTimeout, RolloutDivergence) as err:
         if isinstance(err, CollectiveTimeout):
             heartbeat.await_verdict()
@@ -280,7 +280,7 @@ def train_main(argv: list[str] | None = None) -> int:
             f"checkpoint under {cfg.output.dir}/checkpoints)",
             file=sys.stderr,
         )
-        return 3
+        return _failed(3)
     except Exception as err:
         if is_collective_failure(err):  # from a dead peer (e.g. inside FSDP's all-gather): name it
             heartbeat.await_verdict()
@@ -299,6 +299,18 @@ def train_main(argv: list[str] | None = None) -> int:
     if leaked:  # such a process can end in a SIGABRT at interpreter exit (scale/dist/topology.py)
         print(f"dapo train: warning: gloo threads {leaked} outlived the process group", file=sys.stderr)
     return 0
+
+
+def _failed(status: int) -> int:
+    """Leave a run that failed with ``status`` now, without the interpreter's finalization: its
+    process group, engine and generator bridge are still alive (nothing frees them after a
+    failure), and a gloo thread caught by finalization ends the process in a SIGABRT
+    ("terminate called without an active exception", :mod:`scale.dist.topology`) after the
+    one line was printed: CI saw exit -6 instead of 4 after a generator was killed. The
+    metrics and checkpoints are written as they go; only the output streams need flushing."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _on_restart(cfg: Any, args: argparse.Namespace, now: Any) -> str | None:
