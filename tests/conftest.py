@@ -18,6 +18,18 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random Qwen2 and its data (scale.ops.tiny), built once per test module that asks
+    for it: the full regime's tests train it (tests/test_lora.py builds its own variant)."""
+    from scale.ops.tiny import build_tiny_data, build_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny")
+    model = build_tiny_model(root / "tiny-model")
+    train, ev = build_tiny_data(root / "tiny-data")
+    return {"model": model, "train": train, "eval": ev, "root": root}
+
+
 @pytest.fixture(scope="session")
 def toy_results():
     """The four failure-mode experiments at their declared seeds (run once per session)."""

@@ -19,12 +19,12 @@ from scale_support import need
 from test_scale_trainer import (
     DISAGG,
     ROOT,
+    SKIP,
     _generator_pids,
-    assert_same,
-    comparable,
     metrics,
     overrides,
     run_cli,
+    same,
 )
 
 need("transformers", "accelerate", "datasets", "safetensors", "yaml")
@@ -42,18 +42,6 @@ K2 = (
 )
 """The run every scenario resumes: 4 steps, 2 generators, k = 2, partial rollouts."""
 BASE = ["train", "--config", "tiny-cpu"]
-SKIP = ("sync/", "async/")
-"""Metrics of the weight exchange and of timing: not compared between runs."""
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from scale.ops.tiny import build_tiny_data, build_tiny_model
-
-    root = tmp_path_factory.mktemp("tiny")
-    model = build_tiny_model(root / "tiny-model")
-    train, ev = build_tiny_data(root / "tiny-data")
-    return {"model": model, "train": train, "eval": ev, "root": root}
 
 
 def train(tiny, out, *extra, resume=False):
@@ -105,16 +93,6 @@ def copy(run, tmp_path):
     dst = tmp_path / "run"
     shutil.copytree(run, dst)
     return dst
-
-
-def same(a, b, tol=1e-6, skip=SKIP):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert_same(
-            {k: v for k, v in comparable(x).items() if not k.startswith(skip)},
-            {k: v for k, v in comparable(y).items() if not k.startswith(skip)},
-            tol=tol,
-        )
 
 
 def generator_loads(run):

@@ -12,7 +12,7 @@ import json
 import pytest
 from multiproc import MultiprocessError, run_script
 from scale_support import need
-from test_scale_trainer import DISAGG, assert_same, comparable, metrics, overrides
+from test_scale_trainer import DISAGG, SKIP, metrics, overrides, same
 
 need("transformers", "accelerate", "datasets", "safetensors", "yaml")
 
@@ -52,26 +52,6 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from scale.ops.tiny import build_tiny_data, build_tiny_model
-
-    root = tmp_path_factory.mktemp("tiny")
-    model = build_tiny_model(root / "tiny-model")
-    train, ev = build_tiny_data(root / "tiny-data")
-    return {"model": model, "train": train, "eval": ev, "root": root}
-
-
-def same(a, b, tol, skip):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert_same(
-            {k: v for k, v in comparable(x).items() if not k.startswith(skip)},
-            {k: v for k, v in comparable(y).items() if not k.startswith(skip)},
-            tol=tol,
-        )
-
-
 def _launch(tiny, tmp_path, run, killer=False, max_restarts=0, nproc=2, nodes=1, extra=(), **env):
     script = tmp_path / "killer.py"
     script.write_text(KILLER)
@@ -100,7 +80,7 @@ def test_a_rank_killed_mid_run_is_restarted_and_the_run_ends_as_the_uninterrupte
     said = ranks[0].stderr
     assert "torchrun restart 1: the attempt before reached step 2; resuming from checkpoint step 2" in said
     assert [m["step"] for m in metrics(run)] == [1, 2, 3, 4]
-    same(metrics(ref), metrics(run), tol=1e-5, skip=("sync/", "async/"))
+    same(metrics(ref), metrics(run), tol=1e-5, skip=SKIP)
 
 
 def test_a_killed_generator_process_is_restarted_with_its_learner(tiny, tmp_path):
@@ -126,7 +106,7 @@ def test_a_killed_generator_process_is_restarted_with_its_learner(tiny, tmp_path
     rows = [json.loads(x) for x in (run / "restarts.jsonl").read_text().splitlines()]
     assert [(r["torchrun"], r["reached"], r["resumes_from"]) for r in rows] == [(1, 2, 2)]
     assert "resuming from checkpoint step 2" in ranks[0].stderr
-    same(metrics(ref), metrics(run), tol=1e-5, skip=("sync/", "async/"))
+    same(metrics(ref), metrics(run), tol=1e-5, skip=SKIP)
 
 
 def test_a_run_that_dies_at_the_same_step_on_every_attempt_stops_saying_so(tiny, tmp_path):
@@ -179,4 +159,4 @@ def test_two_simulated_nodes_restart_together_from_the_checkpoint(tiny, tmp_path
     assert [(r["torchrun"], r["reached"], r["resumes_from"]) for r in rows] == [(1, 2, 2)]
     ref = tmp_path / "ref"
     _launch(tiny, tmp_path, ref, nproc=2, nodes=2, extra=quick)
-    same(metrics(ref), metrics(run), tol=1e-5, skip=("sync/", "async/"))
+    same(metrics(ref), metrics(run), tol=1e-5, skip=SKIP)

@@ -21,16 +21,6 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from scale.ops.tiny import build_tiny_data, build_tiny_model
-
-    root = tmp_path_factory.mktemp("tiny")
-    model = build_tiny_model(root / "tiny-model")
-    train, ev = build_tiny_data(root / "tiny-data")
-    return {"model": model, "train": train, "eval": ev, "root": root}
-
-
 def overrides(tiny, out, *extra):
     return [
         f"model.path={tiny['model']}",
@@ -60,6 +50,21 @@ def metrics(out):
 
 def comparable(m):
     return {k: v for k, v in m.items() if not k.startswith(("time/", "sync/seconds"))}
+
+
+SKIP = ("sync/", "async/")
+"""Metrics of the weight exchange and of timing: not compared between runs."""
+
+
+def same(a, b, tol=1e-6, skip=SKIP):
+    """Two runs' metrics, step by step, equal to ``tol`` but for the ``skip`` prefixes."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert_same(
+            {k: v for k, v in comparable(x).items() if not k.startswith(skip)},
+            {k: v for k, v in comparable(y).items() if not k.startswith(skip)},
+            tol=tol,
+        )
 
 
 def assert_same(a, b, tol=1e-6):

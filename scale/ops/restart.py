@@ -112,7 +112,8 @@ def crash_loop(previous: list[dict[str, Any]], reached: int) -> str | None:
 def on_restart(out: Path, now: Attempt, checkpoint_step: int | None, log: Any = print) -> str | None:
     """Rank 0 of a restarted attempt, before anything is trimmed: record the restart, say it,
     and return why it must stop instead (:func:`crash_loop`), or None."""
-    previous = [r for r in records(out) if (r.get("slurm"), r.get("torchrun")) != (now.slurm, now.torchrun)]
+    rows = records(out)
+    previous = [r for r in rows if (r.get("slurm"), r.get("torchrun")) != (now.slurm, now.torchrun)]
     reached = last_logged_step(out)
     stop = crash_loop(previous, reached)
     row = {
@@ -123,7 +124,7 @@ def on_restart(out: Path, now: Attempt, checkpoint_step: int | None, log: Any = 
         "stopped": stop is not None,
         "time": time.time(),
     }
-    if len(previous) == len(records(out)):  # once per attempt (a restart of rank 0 alone writes again)
+    if len(previous) == len(rows):  # once per attempt (a restart of rank 0 alone writes again)
         with (out / RECORD).open("a") as f:
             f.write(json.dumps(row) + "\n")
     if stop is None:
