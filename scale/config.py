@@ -136,10 +136,17 @@ class RolloutConfig:
     mode: str = "colocated"
     """``colocated``: every rank generates with its own engine, then trains (the engine sleeps
     during the update). ``disaggregated``: the run's ranks only train; ``generators`` other
-    processes, started by rank 0, only generate, each with its own engine, and take each new
-    policy version over a process group that spans both (:mod:`scale.dist.bridge`)."""
+    processes (started by rank 0, or on nodes of their own: ``generator_nodes``) only
+    generate, each with its own engine, and take each new policy version over a process group
+    that spans both (:mod:`scale.dist.bridge`)."""
     generators: int = 1
     """Generator processes of a disaggregated run (each one rollout group with its own engine)."""
+    generator_nodes: int = 0
+    """Where a disaggregated run's generators run. 0: on the learner rank 0's node, started by
+    it, on the GPUs after the learners'. N >= 1: on N nodes of their own, ``generators / N``
+    per node (N must divide ``generators``), each started by an agent the cluster's launcher
+    runs there (:mod:`scale.placement.generator_node`; ``dapo launch`` writes it, ``dapo plan``
+    times the weights crossing the network). ``output.dir`` must be on a shared file system."""
     max_staleness: int = 0
     """k: batch s is sampled by policy version max(0, s - 1 - k) (:mod:`dapo.pipeline`), so
     generation of the next k batches overlaps training and no token is more than k versions
@@ -468,10 +475,25 @@ class RunConfig:
                 "rollout.correction",
                 f"unknown {r.correction!r}; auto, keep or one of {', '.join(CORRECTIONS)}",
             )
+        if not isinstance(r.generator_nodes, int) or r.generator_nodes < 0:
+            raise ConfigError(
+                "rollout.generator_nodes", f"must be an integer >= 0 (got {r.generator_nodes!r})"
+            )
+        if r.generator_nodes and r.mode != "disaggregated":
+            raise ConfigError(
+                "rollout.generator_nodes",
+                f"= {r.generator_nodes} needs rollout.mode: disaggregated (colocated, every rank generates)",
+            )
         if r.mode != "disaggregated":
             return
         if not isinstance(r.generators, int) or r.generators < 1:
             raise ConfigError("rollout.generators", f"must be a positive integer (got {r.generators!r})")
+        if r.generator_nodes and r.generators % r.generator_nodes:
+            raise ConfigError(
+                "rollout.generator_nodes",
+                f"= {r.generator_nodes} does not divide rollout.generators={r.generators} (each "
+                "generator node runs an equal share)",
+            )
         if self.gen_groups % r.generators:
             raise ConfigError(
                 "rollout.gen_groups",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -347,6 +348,12 @@ def _join(cfg: RunConfig, accelerator: Any, log: Any) -> tuple[Any, Ranks, Comm,
         raise LayoutError(
             "rollout.engine=hf generates with the trainer's module, which train.sharding=fsdp2 "
             "shards over ranks that generate different lengths; use rollout.engine=vllm"
+        )
+    if cfg.rollout.generator_nodes and not os.environ.get("MASTER_ADDR"):
+        raise LayoutError(
+            f"rollout.generator_nodes={cfg.rollout.generator_nodes}: the generators meet the learners "
+            "through the launcher's store, and MASTER_ADDR is not set; start the run with the "
+            "commands dapo launch writes (torchrun, accelerate or SLURM)"
         )
     algo = cfg.algo
     if algo.train_groups % world:

@@ -101,6 +101,7 @@ def run_script(
     dist_timeout_s: float = 30,
     max_restarts: int = 0,
     nodes: int = 1,
+    beside: tuple[list[str], ...] = (),
 ) -> list[RankOutput]:
     """Run ``argv`` (a script and its arguments, or ``-m module ...``) as ``nproc`` ranks
     under ``torchrun --standalone`` from the repository root; return every rank's output (of
@@ -108,6 +109,9 @@ def run_script(
     rank fails). ``nodes`` > 1 simulates that many nodes of ``nproc`` ranks each: one agent per
     node on a static rendezvous (``--node-rank``, as a cluster's launch), on a port picked free
     and released first (the one case here where two launches could race for a port).
+    ``beside``: other processes (``python`` arguments) started with the agents, with
+    ``MASTER_ADDR`` and ``MASTER_PORT`` of the rendezvous (a generator node's agent); each
+    must exit 0 too.
 
     Raises :class:`MultiprocessError` naming the failed rank, its exit status or signal
     and its stderr, or after ``timeout_s`` seconds (every rank is killed first)."""
@@ -123,7 +127,7 @@ def run_script(
             "PYTHONUNBUFFERED": "1",
         }
     )
-    if nodes == 1:
+    if nodes == 1 and not beside:
         where = [["--standalone"]]
     else:
         import socket
@@ -157,6 +161,17 @@ def run_script(
                 text=True,
             )
             for n, node in enumerate(where)
+        ]
+        procs += [
+            subprocess.Popen(
+                [sys.executable, *cmd],
+                cwd=ROOT,
+                env={**run_env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for cmd in beside
         ]
         from scale.dist.topology import kill_tree
 

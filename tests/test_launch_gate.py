@@ -353,3 +353,72 @@ def test_gate_write_ends_with_the_verdicts_figures_and_what_the_gate_is(tmp_path
     assert gate.main(["write", "--config", "qwen2.5-32b-dapo", "--toy-summary", str(bad)]) == 1
     out, err = capsys.readouterr()
     assert out.splitlines()[1].split()[:2] == ["entropy_collapse", "reversed"] and "did not pass" in err
+
+
+GENERATOR_NODES = [
+    "rollout.mode=disaggregated",
+    "rollout.generators=24",
+    "rollout.generator_nodes=12",
+    "rollout.max_staleness=1",
+    "eval.every=0",
+]
+"""The 32B preset's disaggregated variant (docs/presets.md) on 16 nodes: 4 learner nodes, 12
+generator nodes of two tensor-parallel-4 generators each."""
+
+
+@pytest.mark.parametrize("learners_fail", [False, True])
+def test_launch_starts_generator_nodes_as_a_job_step_of_their_own(tmp_path, capsys, learners_fail):
+    """rollout.generator_nodes: the SLURM job's last nodes run one agent each (a background job
+    step), the first ones the learners; the job ends with the learners' status, stopping the
+    agents when the learners failed. Run as printed with stand-in tools."""
+    out = tmp_path / "job.sbatch"
+    assert (
+        launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "16", "--out", str(out), *GENERATOR_NODES])
+        == 0
+    )
+    assert (
+        "4 learner node(s) x 8 GPUs, 12 generator node(s) x 8 GPUs (2 generator(s) each)"
+        in capsys.readouterr().err
+    )
+    script = out.read_text()
+    assert "#SBATCH --nodes=16" in script and subprocess.run(["bash", "-n", str(out)]).returncode == 0
+    env = _fake_tools(tmp_path)
+    bin_dir = Path(env["PATH"].split(":")[0])
+    tools = {
+        "srun": 'while [[ "$1" == --* ]]; do shift; done; SLURM_PROCID=0 "$@"',  # the step's first task, here
+        "python": 'printf "%s\\n" python "$@" > "$AGENT_OUT"',
+        "accelerate": 'printf "%s\\n" accelerate "$@"; exit "${ACCELERATE_STATUS:-0}"',
+    }
+    for name, body in tools.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    agent_out = tmp_path / "agent.txt"
+    r = subprocess.run(
+        ["bash", str(out)],
+        capture_output=True,
+        text=True,
+        env={**env, "AGENT_OUT": str(agent_out), "ACCELERATE_STATUS": "3" if learners_fail else "0"},
+    )
+    assert r.returncode == (3 if learners_fail else 0), r.stderr
+    argv = r.stdout.splitlines()
+    assert argv[argv.index("--num_machines") + 1] == "4" and argv[argv.index("--num_processes") + 1] == "32"
+    agent = agent_out.read_text().splitlines()
+    assert agent[:3] == ["python", "-m", "scale.placement.generator_node"]
+    assert agent[agent.index("--master") + 1] == "node-a" and agent[agent.index("--node") + 1] == "0"
+    assert agent[agent.index("--port") + 1] == argv[argv.index("--main_process_port") + 1]  # one store
+
+
+def test_launch_refuses_generator_nodes_that_leave_nothing_to_train_on(capsys):
+    assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "12", *GENERATOR_NODES]) == 2
+    assert "rollout.generator_nodes=12 leaves no node of --nodes 12 to train on" in capsys.readouterr().err
+    wide = [*GENERATOR_NODES[:1], "rollout.generators=48", *GENERATOR_NODES[2:]]  # 4 x TP 4 per node
+    assert launch_main(["--config", "qwen2.5-32b-dapo", "--nodes", "16", *wide]) == 2
+    assert "need 16 GPUs per node; --gpus-per-node is 8" in capsys.readouterr().err
+    assert (
+        launch_main(
+            ["--config", "qwen2.5-32b-dapo", "--nodes", "16", "--scheduler", "torchrun", *GENERATOR_NODES]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "--nnodes 4" in out and '--node "$GENERATOR_NODE"' in out and "GENERATOR_NODE=0..11" in out

@@ -165,6 +165,51 @@ def test_placement_estimate_orders_and_depends_on_the_tail():
     assert fixed.rows[1][1:3] == (64, 64)
 
 
+VARIANT = [
+    "rollout.mode=disaggregated",
+    "rollout.generators=24",
+    "rollout.generator_nodes=12",
+    "rollout.max_staleness=1",
+    "eval.every=0",
+]
+"""The 32B preset's disaggregated variant on 16 nodes (docs/presets.md)."""
+
+
+def test_generator_nodes_are_planned_as_whole_nodes_with_the_weights_over_the_network(capsys):
+    """rollout.generator_nodes: the config's split (its generators' GPUs generate, the other
+    nodes' GPUs train), the broadcast timed at --network-gbps (half the bandwidth, twice the
+    time; the rates can only fall), the learners' state sharded over their own nodes only, and
+    a generator node's host memory its own generators' versions."""
+    from scale.ops.fit import generator_node_bytes, host_bytes
+    from scale.ops.plan import format_placement, main, placement
+
+    cfg = load("qwen2.5-32b-dapo", VARIANT)
+    cluster = Cluster(16, 8, 80.0)
+    pl = plan(cfg, cluster)
+    fast, slow = placement(pl, cfg, cluster), placement(pl, cfg, cluster, network_gbps=12.5)
+    assert [r[1:3] for r in fast.rows[1:]] == [(96, 32)] * 3  # 24 generators x TP 4; 4 nodes x 8 train
+    assert slow.assumptions["weights_broadcast_s"] == pytest.approx(
+        2 * fast.assumptions["weights_broadcast_s"], abs=0.1
+    )
+    assert all(s[3] <= f[3] for s, f in zip(slow.rows[1:], fast.rows[1:])) and slow.rows[0] == fast.rows[0]
+    assert "4 learner node(s), 12 generator node(s)" in format_placement(fast)
+    local = load("qwen2.5-32b-dapo", [*VARIANT[:2], "rollout.generator_nodes=0", *VARIANT[3:]])
+    learners = host_bytes(cfg, pl.params, nodes=16, gpus_per_node=8)
+    assert learners["offloaded trainer state"] == pytest.approx(16 * pl.params / 4)
+    assert not any("generators" in k for k in learners)
+    assert generator_node_bytes(cfg, pl.params) == pytest.approx(generator_node_bytes(local, pl.params) / 12)
+    with pytest.raises(ValueError, match="leaves no node of --nodes 12"):
+        placement(pl, cfg, Cluster(12, 8, 80.0))
+    args = ["--config", "qwen2.5-32b-dapo", "--gpus", "8", "--gpu-type", "h100-80gb", *VARIANT]
+    assert main([*args, "--nodes", "12"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "dapo plan: rollout.generator_nodes=12 leaves no node of --nodes 12 to train on"
+    )
+    assert main([*args, "--nodes", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "host memory per generator node (GiB): 1,465" in out and "FITS" in out
+
+
 def test_delta_sync_plans_the_measured_bytes_and_the_learners_copy():
     """rollout.delta_sync: each version's broadcast takes the measured share of the whole
     model's time (the constant is the committed benchmark's largest share at the presets' lr),

@@ -203,22 +203,22 @@ def problems(cfg, gpu: GpuType) -> list[str]:
 
 
 def host_bytes(cfg, params: int, *, nodes: int, gpus_per_node: int) -> dict[str, float]:
-    """Host memory per node (bytes), by term: offloaded trainer state (fp32 parameters,
-    gradients and AdamW moments, 16 B per parameter, over the nodes) under
-    ``train.fsdp_offload``; the colocated engines' sleep backups (their bf16 weights, each
-    engine GPU's share); a disaggregated run's versions held by the generators (on rank 0's
-    node) and, under ``rollout.delta_sync``, the version rank 0 sent last; rank 0's full fp32
-    copy while it loads and shards the model."""
+    """Host memory of the learners' rank 0's node (bytes), by term: offloaded trainer state
+    (fp32 parameters, gradients and AdamW moments, 16 B per parameter, over the learners'
+    nodes) under ``train.fsdp_offload``; the colocated engines' sleep backups (their bf16
+    weights, each engine GPU's share); a disaggregated run's versions held by the generators
+    (on rank 0's node unless ``rollout.generator_nodes``: :func:`generator_node_bytes`) and,
+    under ``rollout.delta_sync``, the version rank 0 sent last; rank 0's full fp32 copy while
+    it loads and shards the model."""
     r = cfg.rollout
+    remote = r.generator_nodes if cfg.disaggregated else 0
     terms = {
-        "offloaded trainer state": 16 * params / nodes if cfg.train.fsdp_offload else 0.0,
+        "offloaded trainer state": 16 * params / (nodes - remote) if cfg.train.fsdp_offload else 0.0,
         "rank 0 loading the fp32 model": 4 * params,
     }
     if cfg.disaggregated:
-        held = (
-            r.generators * r.tensor_parallel * (r.max_staleness + 2) * 2 * params
-        )  # each process holds each
-        terms["versions held by the generators (rank 0's node)"] = held
+        if not remote:
+            terms["versions held by the generators (rank 0's node)"] = generator_node_bytes(cfg, params)
         if r.delta_sync:  # scale.dist.delta: rank 0 keeps what it sent last, in the engine's dtype
             terms["the version sent last (rollout.delta_sync)"] = (
                 2 * params if r.dtype != "float32" else 4 * params
@@ -226,6 +226,15 @@ def host_bytes(cfg, params: int, *, nodes: int, gpus_per_node: int) -> dict[str,
     elif r.engine == "vllm" and r.sleep_during_training:
         terms["vLLM sleep backups"] = gpus_per_node * 2 * params / r.tensor_parallel
     return terms
+
+
+def generator_node_bytes(cfg, params: int) -> float:
+    """Host memory of the versions one node's generator processes hold (each holds up to
+    ``max_staleness + 2`` versions in bf16, :mod:`scale.placement.receive`): every generator on
+    rank 0's node, or a generator node's share with ``rollout.generator_nodes``."""
+    r = cfg.rollout
+    here = r.generators // r.generator_nodes if r.generator_nodes else r.generators
+    return here * r.tensor_parallel * (r.max_staleness + 2) * 2 * params
 
 
 def checkpoint_bytes(params: int) -> float:

@@ -109,6 +109,27 @@ def torchrun_command(
     ]
 
 
+PORT = 29500
+"""The launcher's store (torchrun's rendezvous, accelerate's main process port), where a
+generator node's agent meets the learners (:mod:`scale.placement.generator_node`)."""
+
+
+def generator_node_command(master: str, node: str) -> list[str]:
+    """The agent of generator node ``node`` (``rollout.generator_nodes``): it starts the node's
+    share of the generators for each pool the learners announce in their launcher's store."""
+    return [
+        "python",
+        "-m",
+        "scale.placement.generator_node",
+        "--master",
+        master,
+        "--port",
+        str(PORT),
+        "--node",
+        node,
+    ]
+
+
 def slurm_script(
     config: str,
     nodes: int,
@@ -119,16 +140,21 @@ def slurm_script(
     env: dict[str, str] | None = None,
     learners: int | None = None,
     max_restarts: int = MAX_RESTARTS,
+    generator_nodes: int = 0,
 ) -> str:
     """An sbatch script that asks for ``gpus`` GPUs on each of ``nodes`` nodes (the whole node)
     and starts ``learners`` training processes per node (default: one per GPU). A disaggregated
     run starts fewer: its generators take the node's remaining GPUs, which SLURM must expose
-    to the job too, or they would land on the learners' devices. A failed rank restarts the
+    to the job too, or they would land on the learners' devices. With ``generator_nodes``, the
+    allocation's last ``generator_nodes`` nodes generate: a job step of its own starts one agent
+    on each (in the background), the first job step the learners on the others, and the job
+    ends with the learners' status. A failed rank restarts the
     group within the job (``max_restarts``); a lost node requeues the job (``--requeue``), whose
     log is appended to, not replaced."""
     learners = gpus if learners is None else learners
+    learner_nodes = nodes - generator_nodes
     cmd = accelerate_command(
-        config, nodes, learners, "$SLURM_NODEID", "$MASTER_ADDR", overrides, max_restarts=max_restarts
+        config, learner_nodes, learners, "$SLURM_NODEID", "$MASTER_ADDR", overrides, max_restarts=max_restarts
     )
     lines = [
         "#!/bin/bash",
@@ -150,6 +176,24 @@ def slurm_script(
         'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
     ]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in (env or ENV).items()]
+    if generator_nodes:
+        agent = generator_node_command("$MASTER_ADDR", "$SLURM_PROCID")
+        step = "--nodes={n} --ntasks={n} --ntasks-per-node=1 --relative={r}"
+        lines += [
+            f"# generator nodes {learner_nodes}-{nodes - 1}: one agent each (scale/placement/generator_node.py); "
+            "they leave when the run is done",
+            f"srun {step.format(n=generator_nodes, r=learner_nodes)} bash -c {shlex.quote(shell_line(agent))} &",
+            "generators=$!",
+            f"# learner nodes 0-{learner_nodes - 1}: one launcher per node; accelerate starts its {learners} "
+            "training processes",
+            "status=0",
+            f"srun --kill-on-bad-exit=1 {step.format(n=learner_nodes, r=0)} bash -c "
+            f"{shlex.quote(shell_line(cmd))} || status=$?",
+            'if [ "$status" -ne 0 ]; then kill "$generators" 2>/dev/null || true; fi',
+            'wait "$generators" || true',
+            'exit "$status"',
+        ]
+        return "\n".join(lines) + "\n"
     lines += [
         "# one launcher per node; accelerate starts the node's training processes"
         + (
@@ -230,11 +274,37 @@ def main(argv: list[str] | None = None) -> int:
     if cfg is None:
         return 2
     node_gpus = per_node = args.gpus_per_node
-    if cfg.disaggregated:  # rank 0 starts the generators on its node, on the GPUs after its learners'
+    gen_nodes = cfg.rollout.generator_nodes if cfg.disaggregated else 0
+    learner_nodes = args.nodes - gen_nodes
+    if gen_nodes:  # generators on nodes of their own, started by an agent on each
+        r = cfg.rollout
+        gen_gpus = r.generators // gen_nodes * r.tensor_parallel
+        if learner_nodes < 1:
+            print(
+                f"dapo launch: rollout.generator_nodes={gen_nodes} leaves no node of --nodes {args.nodes} "
+                "to train on",
+                file=sys.stderr,
+            )
+            return 2
+        if gen_gpus > args.gpus_per_node:
+            print(
+                f"dapo launch: rollout.generators={r.generators} at rollout.tensor_parallel="
+                f"{r.tensor_parallel} on {gen_nodes} generator node(s) need {gen_gpus} GPUs per node; "
+                f"--gpus-per-node is {args.gpus_per_node}",
+                file=sys.stderr,
+            )
+            return 2
+        print(
+            f"dapo launch: {learner_nodes} learner node(s) x {per_node} GPUs, {gen_nodes} generator "
+            f"node(s) x {gen_gpus} GPUs ({r.generators // gen_nodes} generator(s) each)",
+            file=sys.stderr,
+        )
+    elif cfg.disaggregated:  # rank 0 starts the generators on its node, on the GPUs after its learners'
         if args.nodes > 1:
             print(
-                "dapo launch: rollout.mode=disaggregated places its generators on rank 0's node only; "
-                "launch it on one node (--nodes 1) for now",
+                "dapo launch: rollout.mode=disaggregated with rollout.generator_nodes=0 places its "
+                "generators on rank 0's node; launch it on one node (--nodes 1), or give the "
+                "generators nodes of their own (rollout.generator_nodes)",
                 file=sys.stderr,
             )
             return 2
@@ -252,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     args.gpus_per_node = per_node
-    world = args.nodes * args.gpus_per_node
+    world = learner_nodes * args.gpus_per_node
     tp = 1 if cfg.disaggregated else cfg.rollout.tensor_parallel
     if world % tp or args.gpus_per_node % tp:
         print(f"dapo launch: rollout.tensor_parallel={tp} must divide the GPUs per node", file=sys.stderr)
@@ -280,12 +350,13 @@ def main(argv: list[str] | None = None) -> int:
                 env_vars,
                 learners=per_node,
                 max_restarts=args.max_restarts,
+                generator_nodes=gen_nodes,
             )
         else:
             words = (
                 torchrun_command(
                     args.config,
-                    args.nodes,
+                    learner_nodes,
                     args.gpus_per_node,
                     args.master,
                     args.overrides,
@@ -294,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.scheduler == "torchrun"
                 else accelerate_command(
                     args.config,
-                    args.nodes,
+                    learner_nodes,
                     args.gpus_per_node,
                     args.rank,
                     args.master,
@@ -303,6 +374,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             text = f"{env} {shell_line(words)}\n"
+            if gen_nodes:
+                agent = generator_node_command(args.master, "$GENERATOR_NODE")
+                text = (
+                    f"# on each of the {learner_nodes} learner node(s):\n{text}"
+                    f"# on each of the {gen_nodes} generator node(s), GENERATOR_NODE=0..{gen_nodes - 1}:\n"
+                    f"{env} {shell_line(agent)}\n"
+                )
     except ValueError as err:
         raise UsageError(str(err)) from None
     if args.out:

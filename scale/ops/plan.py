@@ -27,7 +27,7 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .fit import arch_for
 
@@ -230,6 +230,7 @@ def placement(
     gen_gpus: int | None = None,
     gen_cv: float = 0.3,
     sync_gbps: float = 25.0,
+    network_gbps: float = 25.0,
     steps: int = 400,
     seed: int = 0,
 ) -> PlacementComparison:
@@ -238,7 +239,12 @@ def placement(
     engines, that makes k = 1 fastest). Generation time per step scales with the GPUs that
     decode (its tail does not) and varies from step to step with coefficient of variation
     ``gen_cv`` (a seeded normal draw: long-tailed rounds); training scales with the GPUs that
-    train; each version is broadcast to the generators at ``sync_gbps`` GB/s (bf16)."""
+    train; each version is broadcast to the generators at ``sync_gbps`` GB/s (bf16).
+
+    With ``rollout.generator_nodes`` the split is the config's: its generators on nodes of
+    their own, the other nodes' GPUs train, and each version crosses the network at
+    ``network_gbps`` GB/s (default 25: one 200 Gb/s HDR InfiniBand port, what learner rank 0
+    sends through; the broadcast is bounded by its one link)."""
     import random
 
     from dapo.pipeline import simulate
@@ -257,32 +263,49 @@ def placement(
     def gen_s(g: int) -> float:
         return max(gen_tokens / (g * cluster.decode_tokens_per_s_per_gpu), tail_s)
 
-    def per_hour(g: int, k: int) -> float:
-        t = simulate([gen_s(g) * x for x in noise], train_gpu_s / (n - g), k, sync_s)
+    def per_hour(g: int, k: int, train_gpus: int | None = None) -> float:
+        t = simulate([gen_s(g) * x for x in noise], train_gpu_s / (train_gpus or n - g), k, sync_s)
         return 3600.0 * steps / t.total
 
     colocated = 3600.0 * steps / simulate([gen_s(n) * x for x in noise], train_gpu_s / n, 0).total
+    ks: tuple[int, ...] = (0, 1, 2)
+    nodes = cfg.rollout.generator_nodes if cfg.disaggregated else 0
+    roles: dict[str, int] = {}
+    link = ("weights_broadcast_gbps", sync_gbps)
     splits = list(range(tp, n, tp))
-    if not splits and gen_gpus is not None:
+    if nodes:  # the config's split, in whole nodes: the weights cross the network
+        if nodes >= cluster.nodes:
+            raise ValueError(
+                f"rollout.generator_nodes={nodes} leaves no node of --nodes {cluster.nodes} to train on"
+            )
+        gen_gpus = cfg.rollout.generators * tp
+        if gen_gpus > nodes * cluster.gpus_per_node:
+            raise ValueError(
+                f"rollout.generators={cfg.rollout.generators} at tensor_parallel={tp} need {gen_gpus} "
+                f"GPUs; {nodes} generator node(s) have {nodes * cluster.gpus_per_node}"
+            )
+        sync_s *= sync_gbps / network_gbps
+        roles = {"generator_nodes": nodes, "learner_nodes": cluster.nodes - nodes}
+        link = ("weights_network_gbps", network_gbps)
+    elif not splits and gen_gpus is not None:
         raise ValueError(f"{n} GPUs cannot be split into generation and training (tensor_parallel={tp})")
-    if not splits:  # one GPU (or one engine's worth): colocated is the only placement
+    elif not splits:  # one GPU (or one engine's worth): colocated is the only placement
         gen_gpus, ks = n, ()
     elif gen_gpus is None:
         gen_gpus = max(splits, key=lambda g: per_hour(g, 1))
-        ks = (0, 1, 2)
     elif gen_gpus not in splits:
         raise ValueError(f"--gen-gpus {gen_gpus}: must be a multiple of tensor_parallel={tp} below {n}")
-    else:
-        ks = (0, 1, 2)
+    learn = (cluster.nodes - nodes) * cluster.gpus_per_node if nodes else n - gen_gpus
     rows = [("colocated, synchronous", n, n, colocated)]
-    rows += [(f"disaggregated, k = {k}", gen_gpus, n - gen_gpus, per_hour(gen_gpus, k)) for k in ks]
+    rows += [(f"disaggregated, k = {k}", gen_gpus, learn, per_hour(gen_gpus, k, learn)) for k in ks]
     return PlacementComparison(
         rows,
         {
+            **roles,
             "generation_s_on_all_gpus": round(gen_s(n), 1),
             "training_s_on_all_gpus": round(train_gpu_s / n, 1),
             "generation_cv": gen_cv,
-            "weights_broadcast_gbps": sync_gbps,
+            link[0]: link[1],
             "weights_broadcast_s": round(sync_s, 1),
             **({"delta_sync_sent_share": DELTA_SENT_SHARE} if cfg.rollout.delta_sync else {}),
             "simulated_steps": steps,
@@ -293,6 +316,12 @@ def placement(
 def format_placement(p: PlacementComparison) -> str:
     base = p.rows[0][3]
     lines = ["placement (steps per hour, dapo.pipeline.simulate):"]
+    if "generator_nodes" in p.assumptions:
+        a = p.assumptions
+        lines.append(
+            f"  nodes: {a['learner_nodes']} learner node(s), {a['generator_nodes']} generator node(s) "
+            f"(rollout.generator_nodes); weights over the network at {a['weights_network_gbps']:g} GB/s"
+        )
     for name, g, t, rate in p.rows:
         where = f"{g} GPUs take turns" if name.startswith("colocated") else f"{g} generate, {t} train"
         lines.append(f"  {name:<24} {where:<28} {rate:8.2f}  ({rate / base:.2f}x)")
@@ -372,10 +401,17 @@ def format_plan(pl: Plan, cfg, cluster: Cluster) -> str:
 
 
 def format_storage(storage: dict, cfg) -> str:
-    lines = ["host memory per node (GiB):"]
+    lines = [
+        "host memory per node (GiB)"
+        + (" of the learners" if "host_memory_per_generator_node_gib" in storage else "")
+        + ":"
+    ]
     lines += [f"  {k:<48} {v:8.0f}" for k, v in storage["host_memory_per_node_gib"].items()]
     have = storage["host_memory_available_gib"]
     lines.append(f"  {'available':<48} " + ("unknown (--host-mem)" if math.isnan(have) else f"{have:8.0f}"))
+    if "host_memory_per_generator_node_gib" in storage:
+        gen = storage["host_memory_per_generator_node_gib"]
+        lines.append(f"host memory per generator node (GiB): {gen:,.0f} (the versions its generators hold)")
     flight = storage.get("in_flight_gb", 0.0)
     held = (
         f"; + {cfg.rollout.max_staleness} batch(es) in flight, {flight:,.1f} GB, padded to algo.max_len"
@@ -471,6 +507,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="disaggregated placement: GPUs that only generate (default: the fastest split at k = 1)",
     )
     ap.add_argument(
+        "--network-gbps",
+        type=Float(lo=0.0, lo_open=True),
+        default=25.0,
+        help="GB/s from the learners' rank 0 to generators on other nodes (rollout.generator_nodes; "
+        "default 25: one 200 Gb/s InfiniBand port)",
+    )
+    ap.add_argument(
         "--gen-cv",
         type=Float(lo=0.0),
         default=0.3,
@@ -521,7 +564,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dapo plan: {err}", file=sys.stderr)
         return 2
     try:
-        place = placement(pl, cfg, cluster, gen_gpus=args.gen_gpus, gen_cv=args.gen_cv)
+        place = placement(
+            pl, cfg, cluster, gen_gpus=args.gen_gpus, gen_cv=args.gen_cv, network_gbps=args.network_gbps
+        )
+        gen_nodes = cfg.rollout.generator_nodes if cfg.disaggregated else 0
+        if gen_nodes:  # the learners' memory: sharded over their own nodes' GPUs only
+            learners = plan(cfg, replace(cluster, nodes=args.nodes - gen_nodes), strategy)
+            pl.per_gpu_gib, pl.problems = learners.per_gpu_gib, learners.problems
+            pl.train_phase_gib = learners.train_phase_gib
     except ValueError as err:
         print(f"dapo plan: {err}", file=sys.stderr)
         return 2
@@ -535,6 +585,14 @@ def main(argv: list[str] | None = None) -> int:
             + ", ".join(f"{k} {v / GiB:.0f}" for k, v in host.items() if v)
             + ")"
         )
+    gen_node = (
+        fit.generator_node_bytes(cfg, pl.params) if cfg.disaggregated and cfg.rollout.generator_nodes else 0.0
+    )
+    if gen_node > gpu.host_gib * GiB:
+        pl.problems.append(
+            f"host memory: {gen_node / GiB:.0f} GiB per generator node > {gpu.host_gib:g} GiB (versions its "
+            "generators hold)"
+        )
     pl.fits = not pl.problems
     flight = fit.in_flight_bytes(cfg)
     ckpt = fit.checkpoint_bytes(pl.params) + flight
@@ -542,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         "in_flight_gb": flight / 1e9,
         "host_memory_per_node_gib": {k: v / GiB for k, v in host.items()},
         "host_memory_available_gib": gpu.host_gib,
+        **({"host_memory_per_generator_node_gib": gen_node / GiB} if gen_node else {}),
         "checkpoint_gb": ckpt / 1e9,
         "checkpoints_kept_gb": cfg.output.keep_checkpoints * ckpt / 1e9,
     }

@@ -41,7 +41,6 @@ import math
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -60,6 +59,8 @@ from ..generator.rollout import batch_state, from_state
 from ..learner.sharding import dtype
 from ..learner.sync import MIB, SyncStats, stream_plan, stream_weights
 from ..records import trim_jsonl
+from . import generator_process
+from .generator_node import RemoteGenerators
 
 
 class StalenessError(RuntimeError):
@@ -184,6 +185,8 @@ class GeneratorPool:
         self.cond = threading.Condition()
         self.error: BaseException | None = None
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.remote: RemoteGenerators | None = None
+        """``rollout.generator_nodes``: generators started by agents on other nodes."""
         self.weights: bridge.Group | None = None
         self.batches: bridge.Group | None = None
         self.published: set[int] = set()
@@ -198,7 +201,9 @@ class GeneratorPool:
         kv = bridge.store("0.0.0.0", 0, is_master=True, members=members, timeout_s=timeout)
         self.gpus: list[int] = []
         backend = "gloo"
-        if torch.cuda.is_available():
+        if cfg.rollout.generator_nodes:  # on nodes of their own, each process its own GPUs
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        elif torch.cuda.is_available():
             here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             self.gpus, shared = generator_gpus(torch.cuda.device_count(), here, self.n, self.tp)
             backend = "gloo" if shared else "nccl"
@@ -209,9 +214,31 @@ class GeneratorPool:
                     "through host memory (gloo), not NCCL"
                 )
         self.weights_backend = backend
-        for i in range(self.n):
-            for j in range(self.tp):
-                self.procs.append(self._spawn(out, host, kv.port, i, j))
+        if cfg.rollout.generator_nodes:
+            t = cfg.train
+            self.remote = RemoteGenerators(
+                kv,
+                {
+                    "run_dir": str(out.resolve()),
+                    "addr": host,
+                    "port": kv.port,
+                    "count": self.n,
+                    "tp": self.tp,
+                    "nodes": cfg.rollout.generator_nodes,
+                    "backend": backend,
+                    "startup_s": t.startup_timeout_s,
+                },
+                startup_s=t.startup_timeout_s,
+                beat_timeout_s=t.heartbeat_timeout_s,
+            )
+            log(
+                f"generators: pool {self.remote.pool} announced to {cfg.rollout.generator_nodes} "
+                f"generator node(s) (bridge {host}:{kv.port})"
+            )
+        else:
+            for i in range(self.n):
+                for j in range(self.tp):
+                    self.procs.append(self._spawn(out, host, kv.port, i, j))
         batches = bridge.group(kv, "batches", 0, members, timeout, alive=self._alive)
         self._store = kv
         hello = {
@@ -236,44 +263,21 @@ class GeneratorPool:
         return Path(self.cfg.output.dir) / (f"generator{i}.log" if j == 0 else f"generator{i}-tp{j}.log")
 
     def _spawn(self, out: Path, host: str, port: int, i: int, j: int) -> subprocess.Popen[bytes]:
-        log = open(self._log(i * self.tp + j), "ab")
-        cmd = [
-            sys.executable,
-            "-m",
-            "scale.placement.generator_process",
-            "--run-dir",
-            str(out),
-            "--addr",
-            host,
-            "--port",
-            str(port),
-            "--index",
-            str(i),
-            "--count",
-            str(self.n),
-            "--tp-rank",
-            str(j),
-            "--weights-backend",
-            self.weights_backend,
-        ]
-        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-        for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK"):
-            env.pop(var, None)  # a generator is not a rank of the learner's group
-        if self.tp > 1:  # the generator's own group of tp processes (vLLM's external_launcher)
-            env.update(RANK=str(j), LOCAL_RANK=str(j), WORLD_SIZE=str(self.tp), LOCAL_WORLD_SIZE=str(self.tp))
+        devices = None
         if self.gpus:  # generator_gpus: its own GPUs after the learners', or a shared one
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             ids = visible.split(",") if visible else [str(g) for g in range(torch.cuda.device_count())]
             mine = self.gpus[i * self.tp : (i + 1) * self.tp] if self.tp > 1 else [self.gpus[i]]
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[g] for g in mine)
-        root = Path(__file__).resolve().parents[2]
-        env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        return subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+            devices = [ids[g] for g in mine]
+        return generator_process.spawn(
+            out, host, port, i, self.n, j, self.tp, self.weights_backend, devices, self._log(i * self.tp + j)
         )
 
     def _alive(self) -> None:
-        """Raise :class:`EngineError` if a generator process has exited before its work is done."""
+        """Raise :class:`EngineError` if a generator process has exited before its work is done
+        (or, on other nodes, its node stopped answering)."""
+        if self.remote is not None:
+            self.remote.alive()
         if any(p.poll() not in (None, 0) for p in self.procs):
             self._check()
 
@@ -306,6 +310,8 @@ class GeneratorPool:
                 self.cond.notify_all()
 
     def _check(self) -> None:
+        if self.remote is not None:
+            self.remote.alive()
         for g, p in enumerate(self.procs):
             rc = p.poll()
             if rc not in (None, 0):
@@ -450,12 +456,16 @@ class GeneratorPool:
         """After a failed exchange: if a generator process has died, say so (it is the cause)."""
         end = time.monotonic() + wait_s
         while time.monotonic() < end and all(p.poll() is None for p in self.procs):
+            if self.remote is not None:
+                self.remote.alive()
             time.sleep(0.2)
         self._check()
 
     def close(self, timeout_s: float = 120.0) -> None:
         """Wait for the generators to finish (they stop after the last batch); kill any left."""
         end = time.monotonic() + timeout_s
+        while self.remote is not None and not self.remote.finished() and time.monotonic() < end:
+            time.sleep(0.2)
         for p in self.procs:
             try:
                 p.wait(max(0.1, end - time.monotonic()))
@@ -463,17 +473,6 @@ class GeneratorPool:
                 p.kill()
                 p.wait()
         self.procs = []
-
-
-def _die_with_parent() -> None:
-    """A generator ends with the learner's rank 0 that started it (Linux: PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def weights_header(lm: torch.nn.Module, dtype: torch.dtype) -> list[tuple[str, list[int], str]]:
@@ -748,5 +747,8 @@ class Disaggregated:
         return state
 
     def close(self) -> None:
+        """The run has finished: wait for the generators; agents on other nodes may leave."""
         if self.pool is not None:
             self.pool.close()
+            if self.pool.remote is not None:
+                self.pool.remote.done()

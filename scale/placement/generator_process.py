@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 import warnings
@@ -34,6 +35,68 @@ from ..generator.data import PromptStream
 from ..generator.role import Generator
 from ..generator.rollout import batch_state
 from .receive import Receiver
+
+
+def _die_with_parent() -> None:
+    """A generator ends with the process that started it (Linux: PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def spawn(
+    run_dir: Path,
+    addr: str,
+    port: int,
+    index: int,
+    count: int,
+    tp_rank: int,
+    tp: int,
+    backend: str,
+    devices: list[str] | None,
+    log: Path,
+) -> subprocess.Popen[bytes]:
+    """Start generator ``index``'s tensor-parallel process ``tp_rank`` (of ``tp``) for the bridge
+    at ``addr:port``, on ``devices`` (CUDA device ids; None: as inherited), its output appended
+    to ``log``; it dies with its parent. The learner's rank 0 starts its node's generators with
+    this, a generator node's agent its own (:mod:`scale.placement.generator_node`)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "scale.placement.generator_process",
+        "--run-dir",
+        str(run_dir),
+        "--addr",
+        addr,
+        "--port",
+        str(port),
+        "--index",
+        str(index),
+        "--count",
+        str(count),
+        "--tp-rank",
+        str(tp_rank),
+        "--weights-backend",
+        backend,
+    ]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK"):
+        env.pop(var, None)  # a generator is not a rank of the learner's group
+    if tp > 1:  # the generator's own group of tp processes (vLLM's external_launcher)
+        env.update(RANK=str(tp_rank), LOCAL_RANK=str(tp_rank), WORLD_SIZE=str(tp), LOCAL_WORLD_SIZE=str(tp))
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+        )
 
 
 def _engine(
