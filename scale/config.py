@@ -129,6 +129,10 @@ class DataConfig:
     """Seed of the epoch-wise shuffle of training prompts."""
 
 
+PLACEMENTS = ("colocated", "disaggregated")
+"""The built-in placements (``rollout.mode``; :data:`scale.placement.interface.BUILT_IN` builds them)."""
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     engine: str = "vllm"
@@ -448,8 +452,12 @@ class RunConfig:
 
     def _validate_placement(self) -> None:
         r = self.rollout
-        if r.mode not in ("colocated", "disaggregated"):
-            raise ConfigError("rollout.mode", f"must be 'colocated' or 'disaggregated' (got {r.mode!r})")
+        if r.mode not in PLACEMENTS and ":" not in str(r.mode):
+            raise ConfigError(
+                "rollout.mode",
+                f"must be {' or '.join(repr(m) for m in PLACEMENTS)}, or module:Class for a placement of "
+                f"one's own (scale.placement.interface) (got {r.mode!r})",
+            )
         if not isinstance(r.max_staleness, int) or r.max_staleness < 0:
             raise ConfigError("rollout.max_staleness", f"must be an integer >= 0 (got {r.max_staleness!r})")
         if r.partial and r.max_staleness < 1:

@@ -4,9 +4,9 @@
 the run (:func:`_join`: process group, ranks, heartbeat, layout checks), the generator's
 inputs (:class:`scale.generator.prompts.Prompts`: model files, tokenizer, prompt set and
 stream, prompt selection), the resume point, the learner (:class:`scale.learner.role.Learner`:
-model on its ranks, optimizer, schedule), the placement (``rollout.mode``:
-:class:`scale.placement.colocated.Colocated` or
-:class:`scale.placement.disaggregated.Disaggregated`, each wiring the roles) and the run's
+model on its ranks, optimizer, schedule), the placement ``rollout.mode`` names
+(:mod:`scale.placement.interface`: :class:`scale.placement.colocated.Colocated`,
+:class:`scale.placement.disaggregated.Disaggregated` or one's own, each wiring the roles) and the run's
 records. Per training step, on every rank:
 
 1. collect: this rank's share of a batch filled with informative groups (global dynamic
@@ -48,8 +48,7 @@ from .learner import checkpoint as ckpt
 from .learner.lora import param_counts
 from .learner.policy import Policy
 from .learner.role import Learner
-from .placement.colocated import Colocated
-from .placement.disaggregated import Disaggregated, continue_in_flight
+from .placement.interface import PlacementError, placement_class
 from .records import Trace, start_records, trim_jsonl
 
 
@@ -73,7 +72,13 @@ class Trainer:
         self, cfg: RunConfig, *, resume: str | None = None, accelerator=None, log=print, progress: bool = True
     ):
         self.cfg, self.log, self.progress, self.out = cfg, log, progress, Path(cfg.output.dir)
-        self.acc, self.ranks, self.comm, self.heartbeat = _join(cfg, accelerator, log)
+        try:  # rollout.mode: refused before the process group and any model exist
+            placement = placement_class(cfg.rollout.mode)
+        except PlacementError as err:
+            raise LayoutError(str(err)) from None
+        self.acc, self.ranks, self.comm, self.heartbeat = _join(
+            cfg, accelerator, log, placement.learners_generate
+        )
         self.rank, self.world = self.ranks.rank, self.ranks.world
         # the generator's inputs first: refuse to start (before allocating a model) if any record is malformed
         self.prompts = Prompts.build(cfg, self.acc, log)
@@ -88,21 +93,22 @@ class Trainer:
             )
         self.step = 0
         self.totals = {"responses": 0.0, "tokens": 0.0, "optimizer_steps": 0.0, "skipped_steps": 0.0}
-        held = self._resume(*resume_from) if resume_from is not None else {}
+        in_flight = self._resume(*resume_from) if resume_from is not None else None
         self.trace = Trace(self.out, self.ranks)
-        roles = dict(
+        self.placement = placement(
+            cfg,
             acc=self.acc,
+            ranks=self.ranks,
             comm=self.comm,
             learner=self.learner,
             prompts=self.prompts,
             trace=self.trace,
             log=log,
         )
-        self.placement = (
-            Disaggregated(cfg, held=held, **roles)
-            if cfg.disaggregated
-            else Colocated(cfg, ranks=self.ranks, **roles)
-        )
+        if in_flight is not None:  # what the checkpoint held of work under way
+            self.placement.take_in_flight(
+                *in_flight, step=self.step, stream=self.prompts.stream, rank=self.rank
+            )
         self.health = HealthMonitor(cfg.diagnose.every_steps, knobs=from_config(cfg.to_dict()))
         self.watches: list[Callable[[dict[str, float]], str | None]] = []
         """Called with each step's metrics on the main process; a line returned is logged (the
@@ -288,9 +294,11 @@ class Trainer:
         state: dict[str, Any] = {"rng": ckpt.rng_state(), **self.prompts.state_dict()}
         return self.placement.rank_state(self.step, state)
 
-    def _resume(self, path: Path, state: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
-        """Continue the checkpoint at ``path``: the learner's state, the RNG, the generator's state;
-        the batches in flight that this run keeps (disaggregated, rank 0)."""
+    def _resume(self, path: Path, state: dict[str, Any]) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+        """Continue the checkpoint at ``path``: the learner's state, the RNG, the generator's
+        state. Returns what the placement needs for the work the checkpoint held in flight
+        (:meth:`scale.placement.interface.Placement.take_in_flight`): the path, the trainer's
+        state and rank 0's part."""
         self.learner.load(path)
         written = int(state["world_size"])
         # the RNG streams are per rank and carry over only to the same world size; the prompt
@@ -302,17 +310,6 @@ class Trainer:
         zero = mine if self.rank == 0 or written != self.world else ckpt.load_tensors(path, "rank0.pt")
         self.prompts.stream.load_state_dict(zero["stream"])
         self.step = int(state["step"])
-        held = continue_in_flight(
-            self.cfg,
-            path,
-            state,
-            zero,
-            step=self.step,
-            stream=self.prompts.stream,
-            rank=self.rank,
-            world=self.world,
-            log=self.log,
-        )
         if self.prompts.selection is not None:  # its policy was checked by resume_point
             if "selection" in mine:
                 self.prompts.selection.load_state_dict(mine["selection"])
@@ -323,17 +320,19 @@ class Trainer:
             f" (written by {written} processes, resharded onto {self.world})" if written != self.world else ""
         )
         self.log(f"resumed from {path} at step {self.step}{moved}")
-        return held
+        return path, state, zero
 
 
-def _join(cfg: RunConfig, accelerator: Any, log: Any) -> tuple[Any, Ranks, Comm, Any]:
+def _join(
+    cfg: RunConfig, accelerator: Any, log: Any, learners_generate: bool
+) -> tuple[Any, Ranks, Comm, Any]:
     """This process in the run: the process group (accelerate), its place (:class:`Ranks`,
     checked against the config before anything loads), the wait reports and the heartbeat."""
     acc = accelerator or make_accelerator(cfg)
     rank, world = acc.process_index, acc.num_processes
     try:
-        # disaggregated, the learners do not generate: rollout.tensor_parallel is the generators'
-        ranks = Ranks(rank, world, 1 if cfg.disaggregated else cfg.rollout.tensor_parallel)
+        # where the learners do not generate, rollout.tensor_parallel is the generators'
+        ranks = Ranks(rank, world, cfg.rollout.tensor_parallel if learners_generate else 1)
     except ValueError as err:
         raise LayoutError(str(err)) from None
     comm = Comm(ranks, acc.device)

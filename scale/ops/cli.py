@@ -107,7 +107,7 @@ def placement_line(cfg, world: int) -> str:  # type: ignore[no-untyped-def]
             f"{tp}, max_staleness {r.max_staleness}"
         )
     else:
-        how = f"colocated, {_plural(world, 'process', 'processes')}"
+        how = f"{r.mode}, {_plural(world, 'process', 'processes')}"
     return f"dapo train: {how}, policy loss {cfg.algo.policy_loss}, output {cfg.output.dir} (metrics.jsonl, checkpoints/)"
 
 

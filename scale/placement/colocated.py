@@ -2,8 +2,8 @@
 the rank's engine, the engine sleeps while the learner trains, and the new weights are synced
 into it in place (:mod:`scale.learner.sync`); periodic evaluation uses the same engine.
 
-:class:`Colocated` offers the loop (:class:`scale.trainer.Trainer`) the placement's calls:
-start, collect, before_update, publish, evaluate, rank_state, close."""
+:class:`Colocated` offers the loop (:class:`scale.trainer.Trainer`) the placement's calls
+(:class:`scale.placement.interface.Placement`); nothing is in flight between steps."""
 
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ from ..learner.role import Learner
 from ..learner.sharding import dtype
 from ..learner.sync import SyncStats, sync
 from ..records import Trace
+from .interface import Placement
 
 
-class Colocated:
+class Colocated(Placement):
     def __init__(
         self,
         cfg: RunConfig,
@@ -88,9 +89,6 @@ class Colocated:
             bucket_mb=r.sync_bucket_mb,
         )
 
-    def start(self, step: int, end: int) -> None:
-        """Nothing to start: every batch is generated with the current weights."""
-
     def collect(self, step: int) -> tuple[RolloutBatch | None, dict[str, float]]:
         """Generation rounds until the informative groups of all ranks fill the batch; this
         rank's balanced share of it."""
@@ -117,10 +115,6 @@ class Colocated:
 
     def evaluate(self, step: int) -> dict[str, float]:
         return self.gen.evaluate(self.eval_problems, step) if self.eval_problems else {}
-
-    def rank_state(self, step: int, state: dict[str, Any]) -> dict[str, Any]:
-        """Nothing in flight: a colocated checkpoint holds only the roles' state."""
-        return state
 
     def close(self) -> None:
         if (shutdown := getattr(self.engine, "shutdown", None)) is not None:

@@ -61,6 +61,7 @@ from ..learner.sync import MIB, SyncStats, stream_plan, stream_weights
 from ..records import trim_jsonl
 from . import generator_process
 from .generator_node import RemoteGenerators
+from .interface import Placement
 
 
 class StalenessError(RuntimeError):
@@ -493,63 +494,7 @@ __all__ = [
 ]
 
 
-def continue_in_flight(
-    cfg: RunConfig,
-    path: Path,
-    state: dict[str, Any],
-    zero: dict[str, Any],
-    *,
-    step: int,
-    stream: Any,
-    rank: int,
-    world: int,
-    log: Any,
-) -> dict[int, list[dict[str, Any]]]:
-    """The batches a disaggregated checkpoint held (sampled for the steps after it): kept
-    where this run may train them (returned, on rank 0), else dropped with the prompt stream
-    put back where they began, so that their prompts are drawn again (nothing skipped).
-    Colocated runs generate each batch with the current weights and keep none; a smaller k
-    keeps those still within it (:func:`in_flight_to_continue`); another number of learner
-    ranks splits them again (:func:`replan`)."""
-    held = {int(b): msgs for b, msgs in zero.get("in_flight", {}).items()}
-    if not held:
-        return {}
-    written = state.get("config", {}).get("rollout", {})
-    k = cfg.rollout.max_staleness if cfg.disaggregated else -1
-    kept, dropped = in_flight_to_continue(held, step, k) if k >= 0 else ({}, sorted(held))
-    if dropped:
-        if kept:
-            stream.load_state_dict(kept[max(kept)][-1]["stream"])
-        elif "stream_at_step" in zero:
-            stream.load_state_dict(zero["stream_at_step"])
-        else:
-            from ..learner.checkpoint import ResumeError
-
-            raise ResumeError(
-                f"--resume: {path} holds batches {sorted(held)} in flight but not the prompt "
-                "stream's position before them (an older checkpoint); resume it with "
-                f"rollout.mode={written.get('mode', 'disaggregated')} "
-                f"rollout.max_staleness={written.get('max_staleness', 0)}"
-            )
-        if rank == 0:
-            why = (
-                "rollout.mode=colocated generates each batch with the current weights"
-                if k < 0
-                else f"their tokens are older than rollout.max_staleness={k} allows"
-            )
-            log(
-                f"{path}: batch(es) {dropped} held in flight are sampled again ({why}); "
-                "their prompts are drawn again from the same place of the prompt stream"
-            )
-    if rank != 0:
-        return {}
-    for msgs in kept.values():
-        if len(msgs[0]["plan"]) != world:
-            msgs[0]["plan"] = replan(msgs, world, cfg.algo.group_size)
-    return kept  # the other ranks learn their count where the pool starts
-
-
-class Disaggregated:
+class Disaggregated(Placement):
     """The disaggregated placement, on every learner rank: the generator processes as one
     pool (:class:`GeneratorPool`, started by :meth:`start`), batch ``s`` sampled by policy
     version ``max(0, s - 1 - rollout.max_staleness)`` while the learners train the steps
@@ -557,18 +502,20 @@ class Disaggregated:
     (:meth:`collect`); after each step every rank takes part in publishing the new version
     (:meth:`publish`). Its part of a checkpoint: the batches in flight (:meth:`rank_state`).
 
-    The same calls as :class:`scale.placement.colocated.Colocated`."""
+    The calls of :class:`scale.placement.interface.Placement`."""
+
+    learners_generate = False
 
     def __init__(
         self,
         cfg: RunConfig,
         *,
         acc: Any,
+        ranks: Any,
         comm: Any,
         learner: Any,
         prompts: Any,
         trace: Any,
-        held: dict[int, list[dict[str, Any]]],
         log: Any,
     ):
         self.cfg, self.acc, self.comm, self.learner, self.trace, self.log = (
@@ -582,11 +529,32 @@ class Disaggregated:
         self.rank, self.world = acc.process_index, acc.num_processes
         self.out = Path(cfg.output.dir)
         self.stream, self.context_len = prompts.stream, prompts.context_len
-        self.held = held
-        """Rank 0: batches generated ahead of the step (in flight), a resumed checkpoint's first."""
+        self.held: dict[int, list[dict[str, Any]]] = {}
+        """Rank 0: batches generated ahead of the step (in flight), a resumed checkpoint's first
+        (:meth:`take_in_flight`)."""
         self.pool: GeneratorPool | None = None
         self.traced: set[int] = set()
         """Rank 0, ``output.trace_rollouts``: the versions ``trace/weights.jsonl`` holds a row of."""
+
+    def keep_in_flight(
+        self, held: dict[int, list[dict[str, Any]]], step: int
+    ) -> tuple[dict[int, list[dict[str, Any]]], list[int], str]:
+        """Those still within ``rollout.max_staleness`` (:func:`in_flight_to_continue`)."""
+        k = self.cfg.rollout.max_staleness
+        kept, dropped = in_flight_to_continue(held, step, k)
+        return kept, dropped, f"their tokens are older than rollout.max_staleness={k} allows"
+
+    def take_in_flight(
+        self, path: Path, state: dict[str, Any], zero: dict[str, Any], *, step: int, stream: Any, rank: int
+    ) -> dict[int, list[dict[str, Any]]]:
+        """The checkpoint's batches this run trains as they are (rank 0), split again for
+        another number of learner ranks (:func:`replan`); the generators start after them."""
+        kept = super().take_in_flight(path, state, zero, step=step, stream=stream, rank=rank)
+        for msgs in kept.values():
+            if len(msgs[0]["plan"]) != self.world:
+                msgs[0]["plan"] = replan(msgs, self.world, self.cfg.algo.group_size)
+        self.held = kept
+        return kept
 
     def start(self, step: int, end: int) -> None:
         """Generator processes for the batches up to step ``end`` and the k after it (in flight
