@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from dapo.prompt_selection import PromptSelection, parse_spec
@@ -37,9 +38,11 @@ class Prompts:
     all-gathered reports, so every rank makes the same choices (:mod:`dapo.prompt_selection`)."""
 
     @classmethod
-    def build(cls, cfg: RunConfig, acc: Any, log: Any) -> Prompts:
+    def build(cls, cfg: RunConfig, acc: Any, log: Any, *, evaluation: bool = True) -> Prompts:
         """Fetch the model's files, load the tokenizer, then the data: a malformed record or a
-        prompt too long for the context refuses the run before any model is allocated."""
+        prompt too long for the context refuses the run before any model is allocated.
+        ``acc``: the learners' accelerator, or :data:`ALONE` in a generator process;
+        ``evaluation``: the evaluation set too."""
         from transformers import AutoTokenizer
 
         _fetch_model_files(cfg.model.path, acc)
@@ -50,7 +53,7 @@ class Prompts:
         train = _problem_set(cfg, acc, tokenizer, log, "data.train", d.train, d.train_split)
         prompt_ids = dict(zip((p.prompt for p in train.problems), train.prompt_ids or []))
         evals = None
-        if d.eval:
+        if d.eval and evaluation:
             evals = _problem_set(cfg, acc, tokenizer, log, "data.eval", d.eval, d.eval_split).head(
                 cfg.eval.limit
             )
@@ -98,6 +101,15 @@ class Prompts:
                 f"warning: {len(hits)} train/eval prompt pair(s) share {n}-grams (eval rows {rows[:10]}"
                 f"{'...' if len(rows) > 10 else ''}); see {out / 'contamination.json'}"
             )
+
+
+ALONE = SimpleNamespace(
+    is_main_process=False, is_local_main_process=True, process_index=1, num_processes=1, device="cpu"
+)
+"""The ``acc`` of a process outside the learners' group (a generator process,
+:mod:`scale.placement.generator_process`): it prepares its inputs alone (from the learners'
+``data.cache_dir`` where there is one), logs nothing, and fetches the model's config and
+tokenizer, not its weights (its engine receives them, or loads its own copy)."""
 
 
 def _fetch_model_files(path: str, acc: Any) -> None:

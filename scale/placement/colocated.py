@@ -16,7 +16,7 @@ from dapo.sampling import SamplingWarning
 
 from ..config import RunConfig
 from ..dist.topology import Comm, Ranks
-from ..generator.engines import make_engine
+from ..generator.engines import from_config
 from ..generator.prompts import Prompts
 from ..generator.role import Generator
 from ..learner.role import Learner
@@ -58,24 +58,16 @@ class Colocated(Placement):
         self.eval_problems = prompts.eval_problems
 
     def _make_engine(self, ranks: Ranks, prompts: Prompts) -> Any:
-        c = self.cfg
-        if c.rollout.engine == "hf":  # generates with the learner's own module: no copy, no sync
-            return make_engine(
-                "hf", model=self.learner.unwrapped.lm, eos_id=prompts.eos_id, pad_id=prompts.pad_id
-            )
-        return make_engine(
-            "vllm",
-            model_path=c.model.path,
-            dtype=c.rollout.dtype,
-            max_model_len=prompts.context_len,
-            gpu_memory_utilization=c.rollout.gpu_memory_utilization,
-            kv_cache_gib=c.rollout.kv_cache_gib,
-            tensor_parallel=c.rollout.tensor_parallel,
-            seed=c.rollout.seed + ranks.dp_rank,
-            sleep_during_training=c.rollout.sleep_during_training,
-            sync_timeout_s=c.rollout.sync_timeout_s,
+        """vLLM (one engine per rollout group, asleep during the update), or the transformers
+        engine generating with the learner's own module: no copy, no sync."""
+        return from_config(
+            self.cfg,
+            context_len=prompts.context_len,
+            eos_id=prompts.eos_id,
+            pad_id=prompts.pad_id,
+            seed_offset=ranks.dp_rank,
             distributed=ranks.world > 1,
-            dummy_weights=True,  # the first sync follows at once
+            model=self.learner.unwrapped.lm if self.cfg.rollout.engine == "hf" else None,
         )
 
     def _sync(self) -> SyncStats:

@@ -1,9 +1,11 @@
 """A generator process of a disaggregated run (``python -m scale.placement.generator_process``,
-started by the learner's rank 0, :class:`scale.placement.disaggregated.GeneratorPool`).
+started by the learner's rank 0, :class:`scale.placement.disaggregated.GeneratorPool`, or by a
+generator node's agent, :mod:`scale.placement.generator_node`).
 
-It builds the generator role from the run's config.json (tokenizer, prompt set and stream,
-its own engine), joins the bridge (:mod:`scale.dist.bridge`), and for each batch ``b`` of its
-range takes policy version :func:`dapo.pipeline.behaviour_version` ``(b, k)`` from the versions
+It builds the generator role from the run's config.json (its inputs as the learners build
+theirs, :class:`scale.generator.prompts.Prompts`; its own engine,
+:func:`scale.generator.engines.from_config`), joins the bridge (:mod:`scale.dist.bridge`), and
+for each batch ``b`` of its range takes policy version :func:`dapo.pipeline.behaviour_version` ``(b, k)`` from the versions
 the learner published (received into host memory at points every generator process passes
 in the same order, between rounds: :mod:`scale.placement.receive`), loads it into the engine
 when the batch needs it, generates its slice of every round, decides
@@ -29,9 +31,9 @@ import torch
 from dapo.pipeline import behaviour_version, partial_version, versions_needed
 from dapo.sampling import SamplingWarning
 
-from ..config import RunConfig
 from ..dist.topology import Ranks
-from ..generator.data import PromptStream
+from ..generator.engines import from_config
+from ..generator.prompts import ALONE, Prompts
 from ..generator.role import Generator
 from ..generator.rollout import batch_state
 from .receive import Receiver
@@ -99,38 +101,6 @@ def spawn(
         )
 
 
-def _engine(
-    cfg: RunConfig, index: int, max_model_len: int, tokenizer: Any, shm_ident: str | None = None
-) -> Any:
-    from ..generator.engines import make_engine
-
-    r = cfg.rollout
-    if r.engine == "hf":  # its own copy of the model, loaded with each version
-        from transformers import AutoModelForCausalLM
-
-        from ..learner.sharding import dtype
-
-        lm = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype(cfg.model.dtype))
-        return make_engine(
-            "hf", model=lm, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, owns=True
-        )
-    return make_engine(
-        "vllm",
-        model_path=cfg.model.path,
-        dtype=r.dtype,
-        max_model_len=max_model_len,
-        gpu_memory_utilization=r.gpu_memory_utilization,
-        kv_cache_gib=r.kv_cache_gib,
-        tensor_parallel=r.tensor_parallel,
-        seed=r.seed + index,
-        sleep_during_training=False,  # a generator never shares its devices with training
-        sync_timeout_s=r.sync_timeout_s,
-        distributed=r.tensor_parallel > 1,  # one engine across the generator's processes
-        dummy_weights=True,  # the learner's version arrives before the first round
-        shm_ident=shm_ident,
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     """One generator process of a disaggregated run (started by the learner's rank 0)."""
     ap = argparse.ArgumentParser(prog="python -m scale.placement.generator_process")
@@ -157,10 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = from_dict(json.loads((Path(args.run_dir) / "config.json").read_text()), source="config.json")
     import_and_freeze(learner=False, vllm=cfg.rollout.engine == "vllm")  # before any group exists
-    from transformers import AutoTokenizer
-
     from ..dist import bridge, delta
-    from ..generator.data import prepare_problems
 
     i, n, j, tp = args.index, args.count, args.tp_rank, cfg.rollout.tensor_parallel
     g, procs = i * tp + j, n * tp  # this process among every generator process
@@ -189,25 +156,20 @@ def main(argv: list[str] | None = None) -> int:
     first, last, k, learners = hello["first"], hello["last"], hello["k"], hello["learners"]
     floor = hello.get("floor", 0)  # the oldest version the learner can publish (a resume's step)
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    d = cfg.data
-    train = prepare_problems(
-        d.train,
-        split=d.train_split,
-        prompt_key=d.prompt_key,
-        answer_key=d.answer_key,
-        template=d.template,
-        chat_template=d.chat_template,
-        tokenizer=tokenizer,
-        max_prompt_tokens=d.max_prompt_tokens,
-        cache_dir=d.cache_dir,
-        log=lambda _msg: None,
-    )
-    stream = PromptStream(train.problems, seed=d.shuffle_seed)
+    # the generator's inputs as the learners prepared them (their cache, read alone here)
+    prompts = Prompts.build(cfg, ALONE, lambda _msg: None, evaluation=False)
+    stream = prompts.stream
     stream.load_state_dict(hello["stream"])
-    engine = _engine(cfg, i, hello["max_model_len"], tokenizer, shm_ident)
+    engine = from_config(
+        cfg,
+        context_len=hello["max_model_len"],
+        eos_id=prompts.eos_id,
+        pad_id=prompts.pad_id,
+        seed_offset=i,
+        distributed=tp > 1,  # one engine across the generator's processes
+        sleep=False,  # a generator never shares its devices with training
+        shm_ident=shm_ident,
+    )
     # the weights group only now that the engine exists (scale.placement.disaggregated GeneratorPool._join_weights)
     batches.post(f"ready/{g}")
     batches.wait("join", "the learner to send its first policy version")
@@ -228,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
 
     gen = Generator(
         cfg,
-        tokenizer=tokenizer,
-        prompt_ids=dict(zip((p.prompt for p in train.problems), train.prompt_ids or [])),
+        tokenizer=prompts.tokenizer,
+        prompt_ids=prompts.prompt_ids,
         stream=stream,
         engine=engine,
         ranks=Ranks(g, procs, tp),
