@@ -1,6 +1,7 @@
-"""A run's records: what rank 0 writes when a run starts (:func:`start_records`: the config,
-the contamination report, the trackers), the JSONL logs trimmed on resume (:func:`trim_jsonl`)
-and the per-rank rollout trace (:class:`Trace`, ``output.trace_rollouts``)."""
+"""A run's records (:class:`Records`, started once by the trainer): what rank 0 writes when a
+run starts (:func:`start_records`: the config, the contamination report, the trackers), the
+JSONL logs trimmed on resume (:func:`trim_jsonl`), the per-rank rollout trace (:class:`Trace`,
+``output.trace_rollouts``), the live diagnosis (``dapo.health``) and each step's metrics line."""
 
 from __future__ import annotations
 
@@ -75,3 +76,43 @@ def start_records(cfg: Any, acc: Any, prompts: Any, log: Any) -> None:
     prompts.check_contamination(cfg.data.contamination_ngram, out, log)
     if cfg.output.trackers:
         acc.init_trackers("dapo", config=tracker_config(cfg.to_dict()))
+
+
+class Records:
+    """What a run writes as it goes: ``metrics.jsonl`` and the trackers (:meth:`write`, rank 0),
+    the rollout trace (:attr:`trace`, each rank) and the live diagnosis (:attr:`health`, fed
+    the metrics so far: on resume, those of the steps kept)."""
+
+    def __init__(self, cfg: Any, acc: Any, trace: Trace, health: Any):
+        self.cfg, self.acc, self.trace, self.health = cfg, acc, trace, health
+        self.metrics = Path(cfg.output.dir) / "metrics.jsonl"
+
+    @classmethod
+    def start(cls, cfg: Any, acc: Any, ranks: Any, prompts: Any, *, step: int, log: Any) -> Records:
+        """The run's start records (rank 0); a resumed run's metrics and traces of the steps
+        after ``step``, which will run again, dropped; the health monitor fed the rest."""
+        from dapo.health.callback import HealthMonitor
+        from dapo.health.knobs import from_config
+
+        start_records(cfg, acc, prompts, log)
+        out = Path(cfg.output.dir)
+        trace = Trace(out, ranks)
+        trim_jsonl(trace.path, step)  # each rank its own trace
+        health = HealthMonitor(cfg.diagnose.every_steps, knobs=from_config(cfg.to_dict()))
+        health.extend(trim_jsonl(out / "metrics.jsonl", step) if acc.is_main_process else [])
+        return cls(cfg, acc, trace, health)
+
+    def write(self, m: dict[str, Any]) -> None:
+        """One step's metrics line (rank 0): non-finite values as null; to the trackers too."""
+        import math
+
+        if not self.acc.is_main_process:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in m.items()}
+        with self.metrics.open("a") as f:
+            f.write(json.dumps(clean) + "\n")
+        if self.cfg.output.trackers:
+            self.acc.log(
+                {k: v for k, v in m.items() if isinstance(v, (int, float)) and math.isfinite(v)},
+                step=int(m["step"]),
+            )

@@ -23,7 +23,6 @@ records. Per training step, on every rank:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -34,8 +33,6 @@ from typing import Any
 import torch
 
 from dapo import RolloutBatch
-from dapo.health.callback import HealthMonitor
-from dapo.health.knobs import from_config
 
 from .config import RunConfig
 from .dist import heartbeat
@@ -45,11 +42,10 @@ from .generator.evaluation import eval_line
 from .generator.prompts import Prompts
 from .generator.role import empty_groups
 from .learner import checkpoint as ckpt
-from .learner.lora import param_counts
 from .learner.policy import Policy
 from .learner.role import Learner
 from .placement.interface import PlacementError, placement_class
-from .records import Trace, start_records, trim_jsonl
+from .records import Records
 
 
 def _labelled_barrier(what: str) -> None:
@@ -84,17 +80,12 @@ class Trainer:
         self.prompts = Prompts.build(cfg, self.acc, log)
         # which checkpoint to continue from, refused now if it cannot be (before the model loads)
         resume_from = ckpt.resume_point(cfg, self.out, resume, log)
-        self.learner = Learner.build(cfg, self.acc, self.prompts.pad_id)
-        if cfg.model.lora.enabled and self.acc.is_main_process:
-            trained, total = param_counts(self.learner.unwrapped)
-            log(
-                f"model.lora: rank {cfg.model.lora.rank} on {', '.join(cfg.model.lora.target_modules)}: "
-                f"{trained:,} of {total:,} parameters trained ({100 * trained / total:.2f}%)"
-            )
+        self.learner = Learner.build(cfg, self.acc, self.prompts.pad_id, log)
         self.step = 0
         self.totals = {"responses": 0.0, "tokens": 0.0, "optimizer_steps": 0.0, "skipped_steps": 0.0}
         in_flight = self._resume(*resume_from) if resume_from is not None else None
-        self.trace = Trace(self.out, self.ranks)
+        # the start records, the trace and the health monitor; a resumed run's later steps dropped
+        self.records = Records.start(cfg, self.acc, self.ranks, self.prompts, step=self.step, log=log)
         self.placement = placement(
             cfg,
             acc=self.acc,
@@ -102,23 +93,16 @@ class Trainer:
             comm=self.comm,
             learner=self.learner,
             prompts=self.prompts,
-            trace=self.trace,
+            trace=self.records.trace,
             log=log,
         )
         if in_flight is not None:  # what the checkpoint held of work under way
             self.placement.take_in_flight(
                 *in_flight, step=self.step, stream=self.prompts.stream, rank=self.rank
             )
-        self.health = HealthMonitor(cfg.diagnose.every_steps, knobs=from_config(cfg.to_dict()))
         self.watches: list[Callable[[dict[str, float]], str | None]] = []
         """Called with each step's metrics on the main process; a line returned is logged (the
         command adds its own: ``dapo train``'s staleness-by-movement placement)."""
-        start_records(cfg, self.acc, self.prompts, log)
-        # a resumed run: the metrics and traces of the steps that will run again dropped
-        self.health.extend(
-            trim_jsonl(self.out / "metrics.jsonl", self.step) if self.acc.is_main_process else []
-        )
-        trim_jsonl(self.trace.path, self.step)  # each rank its own trace
 
     def _unwrapped(self) -> Policy:
         return self.learner.unwrapped
@@ -127,7 +111,7 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         c = self.cfg
         t0 = time.perf_counter()
-        self.trace.step = self.step
+        self.records.trace.step = self.step
         batch, m = self.placement.collect(self.step)
         # equal group counts on every rank (dynamic sampling may leave them unequal)
         per_rank = c.algo.train_groups // self.world
@@ -179,21 +163,6 @@ class Trainer:
                 )
         return out
 
-    def _metrics_path(self) -> Path:
-        return self.out / "metrics.jsonl"
-
-    def _write_metrics(self, m: dict[str, float]) -> None:
-        if not self.acc.is_main_process:
-            return
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in m.items()}
-        with self._metrics_path().open("a") as f:
-            f.write(json.dumps(clean) + "\n")
-        if self.cfg.output.trackers:
-            self.acc.log(
-                {k: v for k, v in m.items() if isinstance(v, (int, float)) and math.isfinite(v)},
-                step=int(m["step"]),
-            )
-
     def train(self, steps: int | None = None) -> list[dict[str, float]]:
         """Run to ``train.steps`` (or ``steps`` more steps); returns this call's metrics."""
         c = self.cfg
@@ -226,7 +195,7 @@ class Trainer:
                     if scores and self.acc.is_main_process:
                         bar.clear()
                         self.log(f"step {self.step}: {eval_line(scores)}")
-                verdicts, change = self.health.observe(m)
+                verdicts, change = self.records.health.observe(m)
                 m.update(verdicts)
                 if change and self.acc.is_main_process:
                     bar.clear()
@@ -236,7 +205,7 @@ class Trainer:
                     if said:
                         bar.clear()
                         self.log(f"step {self.step}: {said}")
-                self._write_metrics(m)
+                self.records.write(m)
                 history.append(m)
                 bar.update(
                     self.step,

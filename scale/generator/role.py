@@ -79,6 +79,69 @@ class Generator:
         generator takes new policy versions there: :mod:`scale.placement.receive`)."""
         self.pad_id = tokenizer.pad_token_id
 
+    @classmethod
+    def build(
+        cls,
+        cfg: RunConfig,
+        prompts: Any,
+        *,
+        ranks: Ranks,
+        comm: Any,
+        trace: Callable[..., None] | None = None,
+        model: Any = None,
+        distributed: bool = False,
+        sleep: bool | None = None,
+        context_len: int | None = None,
+        shm_ident: str | None = None,
+    ) -> Generator:
+        """A rollout group's generator on its own engine (``rollout.engine``), whichever
+        placement holds it, over the inputs ``prompts`` (:class:`scale.generator.prompts.Prompts`).
+        vLLM: from ``model.path`` with dummy weights (the learner's version arrives before the
+        first round), seeded ``rollout.seed`` plus the group's index, asleep during the update
+        when ``sleep`` (default ``rollout.sleep_during_training``), one engine across the group's
+        ranks when ``distributed``, its context ``context_len`` (default the inputs'). The
+        transformers engine: generating with ``model`` (the learner's own module) or, without
+        one, its own copy of ``model.path``, loaded with each version."""
+        from .engines import make_engine
+
+        r = cfg.rollout
+        if r.engine == "hf":
+            owns = model is None
+            if owns:
+                from transformers import AutoModelForCausalLM
+
+                model = AutoModelForCausalLM.from_pretrained(
+                    cfg.model.path, dtype=getattr(torch, cfg.model.dtype)
+                )
+            engine = make_engine("hf", model=model, eos_id=prompts.eos_id, pad_id=prompts.pad_id, owns=owns)
+        else:
+            engine = make_engine(
+                "vllm",
+                model_path=cfg.model.path,
+                dtype=r.dtype,
+                max_model_len=context_len or prompts.context_len,
+                gpu_memory_utilization=r.gpu_memory_utilization,
+                kv_cache_gib=r.kv_cache_gib,
+                tensor_parallel=r.tensor_parallel,
+                seed=r.seed + ranks.dp_rank,
+                sleep_during_training=r.sleep_during_training if sleep is None else sleep,
+                sync_timeout_s=r.sync_timeout_s,
+                distributed=distributed,
+                dummy_weights=True,
+                shm_ident=shm_ident,
+            )
+        return cls(
+            cfg,
+            tokenizer=prompts.tokenizer,
+            prompt_ids=prompts.prompt_ids,
+            stream=prompts.stream,
+            engine=engine,
+            ranks=ranks,
+            comm=comm,
+            trace=trace,
+            selection=prompts.selection,
+        )
+
     def encode(self, prompt: str) -> list[int]:
         """A prompt's token ids, as :func:`scale.generator.data.prepare_problems` encoded them."""
         return self.prompt_ids[prompt]

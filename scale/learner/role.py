@@ -27,7 +27,7 @@ from dapo.registry import Loss, of_config
 
 from ..dist.topology import all_max
 from . import checkpoint as ckpt
-from .lora import trainable
+from .lora import param_counts, trainable
 from .policy import Policy, response_logp, token_budget_splitter
 from .sharding import build_policy, clip_grad_norm
 
@@ -115,13 +115,20 @@ class Learner:
     """The policy loss ``algo.policy_loss`` names (:func:`dapo.registry.of_config`)."""
 
     @classmethod
-    def build(cls, cfg: Any, acc: Any, pad_id: int) -> Learner:
+    def build(cls, cfg: Any, acc: Any, pad_id: int, log: Any = print) -> Learner:
         """The policy loss (``algo.policy_loss``, resolved before anything is built), the model on
-        its ranks (DDP or FSDP2; with ``model.lora`` its adapters), then AdamW over the
-        trainable parameters the ranks hold (the adapters only, with LoRA) and the warm-up
-        schedule (``train.warmup_steps`` linear, then constant)."""
+        its ranks (DDP or FSDP2; with ``model.lora`` its adapters, their share of the parameters
+        logged), then AdamW over the trainable parameters the ranks hold (the adapters only,
+        with LoRA) and the warm-up schedule (``train.warmup_steps`` linear, then constant)."""
         loss = of_config(cfg.algo)
         policy, unwrapped = build_policy(cfg, acc)
+        lora = cfg.model.lora
+        if lora.enabled and acc.is_main_process:
+            trained, total = param_counts(unwrapped)
+            log(
+                f"model.lora: rank {lora.rank} on {', '.join(lora.target_modules)}: "
+                f"{trained:,} of {total:,} parameters trained ({100 * trained / total:.2f}%)"
+            )
         t = cfg.train
         optimizer = torch.optim.AdamW(
             trainable(unwrapped), lr=t.lr, betas=(t.betas[0], t.betas[1]), weight_decay=t.weight_decay

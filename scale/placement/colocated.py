@@ -16,7 +16,6 @@ from dapo.sampling import SamplingWarning
 
 from ..config import RunConfig
 from ..dist.topology import Comm, Ranks
-from ..generator.engines import from_config
 from ..generator.prompts import Prompts
 from ..generator.role import Generator
 from ..learner.role import Learner
@@ -42,33 +41,19 @@ class Colocated(Placement):
         self.cfg, self.acc, self.learner, self.trace, self.log = cfg, acc, learner, trace, log
         if cfg.rollout.engine == "vllm" and acc.is_main_process:  # its start is the longest quiet stretch
             log(f"starting the rollout engine (vLLM, {cfg.model.path})")
-        self.engine = self._make_engine(ranks, prompts)
-        self._sync()  # the engine starts with dummy weights
-        self.gen = Generator(
+        self.gen = Generator.build(
             cfg,
-            tokenizer=prompts.tokenizer,
-            prompt_ids=prompts.prompt_ids,
-            stream=prompts.stream,
-            engine=self.engine,
+            prompts,
             ranks=ranks,
             comm=comm,
             trace=trace if cfg.output.trace_rollouts else None,
-            selection=prompts.selection,
+            model=learner.unwrapped.lm if cfg.rollout.engine == "hf" else None,  # no copy, no sync
+            distributed=ranks.world > 1,  # one vLLM engine per rollout group
         )
+        self.engine = self.gen.engine
         self.eval_problems = prompts.eval_problems
-
-    def _make_engine(self, ranks: Ranks, prompts: Prompts) -> Any:
-        """vLLM (one engine per rollout group, asleep during the update), or the transformers
-        engine generating with the learner's own module: no copy, no sync."""
-        return from_config(
-            self.cfg,
-            context_len=prompts.context_len,
-            eos_id=prompts.eos_id,
-            pad_id=prompts.pad_id,
-            seed_offset=ranks.dp_rank,
-            distributed=ranks.world > 1,
-            model=self.learner.unwrapped.lm if self.cfg.rollout.engine == "hf" else None,
-        )
+        self.synced = False
+        """The engine starts with dummy weights: the learner's go in at :meth:`start`."""
 
     def _sync(self) -> SyncStats:
         """Stream the weights into the engine, one bounded bucket at a time (:mod:`scale.learner.sync`)."""
@@ -81,9 +66,16 @@ class Colocated(Placement):
             bucket_mb=r.sync_bucket_mb,
         )
 
+    def start(self, step: int, end: int) -> None:
+        """The learner's weights into the engine, once (it was built with dummy ones)."""
+        if not self.synced:
+            self._sync()
+            self.synced = True
+
     def collect(self, step: int) -> tuple[RolloutBatch | None, dict[str, float]]:
         """Generation rounds until the informative groups of all ranks fill the batch; this
         rank's balanced share of it."""
+        self.start(step, step)  # the learner's weights in, if the loop did not start it
         t0 = time.perf_counter()
         sampler = self.gen.rounds(step, step)
         with warnings.catch_warnings(record=True) as caught:
@@ -106,6 +98,7 @@ class Colocated(Placement):
         return self._sync().metrics()
 
     def evaluate(self, step: int) -> dict[str, float]:
+        self.start(step, step)
         return self.gen.evaluate(self.eval_problems, step) if self.eval_problems else {}
 
     def close(self) -> None:

@@ -466,6 +466,11 @@ class GeneratorPool:
         """Wait for the generators to finish (they stop after the last batch); kill any left."""
         end = time.monotonic() + timeout_s
         while self.remote is not None and not self.remote.finished() and time.monotonic() < end:
+            try:
+                self.remote.alive()
+            except EngineError as err:  # every batch arrived: the run is done all the same
+                self.log(f"warning: {err} (after its last batch)")
+                break
             time.sleep(0.2)
         for p in self.procs:
             try:

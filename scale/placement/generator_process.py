@@ -3,8 +3,8 @@ started by the learner's rank 0, :class:`scale.placement.disaggregated.Generator
 generator node's agent, :mod:`scale.placement.generator_node`).
 
 It builds the generator role from the run's config.json (its inputs as the learners build
-theirs, :class:`scale.generator.prompts.Prompts`; its own engine,
-:func:`scale.generator.engines.from_config`), joins the bridge (:mod:`scale.dist.bridge`), and
+theirs, :class:`scale.generator.prompts.Prompts`; its engine and generator,
+:meth:`scale.generator.role.Generator.build`), joins the bridge (:mod:`scale.dist.bridge`), and
 for each batch ``b`` of its range takes policy version :func:`dapo.pipeline.behaviour_version` ``(b, k)`` from the versions
 the learner published (received into host memory at points every generator process passes
 in the same order, between rounds: :mod:`scale.placement.receive`), loads it into the engine
@@ -32,7 +32,6 @@ from dapo.pipeline import behaviour_version, partial_version, versions_needed
 from dapo.sampling import SamplingWarning
 
 from ..dist.topology import Ranks
-from ..generator.engines import from_config
 from ..generator.prompts import ALONE, Prompts
 from ..generator.role import Generator
 from ..generator.rollout import batch_state
@@ -160,16 +159,17 @@ def main(argv: list[str] | None = None) -> int:
     prompts = Prompts.build(cfg, ALONE, lambda _msg: None, evaluation=False)
     stream = prompts.stream
     stream.load_state_dict(hello["stream"])
-    engine = from_config(
+    gen = Generator.build(
         cfg,
-        context_len=hello["max_model_len"],
-        eos_id=prompts.eos_id,
-        pad_id=prompts.pad_id,
-        seed_offset=i,
+        prompts,
+        ranks=Ranks(g, procs, tp),  # generator i's group: seeded rollout.seed + i
+        comm=bridge.PickledComm(peers),
         distributed=tp > 1,  # one engine across the generator's processes
         sleep=False,  # a generator never shares its devices with training
+        context_len=hello["max_model_len"],  # the learners' (their evaluation set counted)
         shm_ident=shm_ident,
     )
+    engine = gen.engine
     # the weights group only now that the engine exists (scale.placement.disaggregated GeneratorPool._join_weights)
     batches.post(f"ready/{g}")
     batches.wait("join", "the learner to send its first policy version")
@@ -188,17 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         with trace_path.open("a") as f:
             f.write(json.dumps({"step": step[0], "generator": i, **fields}) + "\n")
 
-    gen = Generator(
-        cfg,
-        tokenizer=prompts.tokenizer,
-        prompt_ids=prompts.prompt_ids,
-        stream=stream,
-        engine=engine,
-        ranks=Ranks(g, procs, tp),
-        comm=bridge.PickledComm(peers),
-        trace=trace if cfg.output.trace_rollouts and j == 0 else None,
-        between_rounds=versions.point,
-    )
+    gen.trace = trace if cfg.output.trace_rollouts and j == 0 else None
+    gen.between_rounds = versions.point
     loaded = -1
 
     def switch(b: int) -> Callable[[], int] | None:
