@@ -59,9 +59,11 @@ SLOW_FIRST = (
     "test_disaggregated_resume.py",  # 203
     "test_lora.py",  # 144
     "test_byol_path.py",  # 114
+    "test_restart_torchrun.py",  # 111 (CI, 2026-12-08)
     "test_toy_engine.py",  # 111
     "test_multiproc.py",  # 85
     "test_health_against.py",  # 58
+    "test_generator_nodes.py",  # 57 (CI, 2026-12-08)
     "test_toy_experiments.py",  # 57
     "test_rollout.py",  # 38
     "test_toy_off_policy_family.py",  # 38

@@ -67,7 +67,11 @@ class Colocated(Placement):
         )
 
     def start(self, step: int, end: int) -> None:
-        """The learner's weights into the engine, once (it was built with dummy ones)."""
+        """The learner's weights into the engine (it was built with dummy ones)."""
+        self._weights_in()
+
+    def _weights_in(self) -> None:
+        """The first sync, once: at :meth:`start`, or at the first generation if the loop did not start."""
         if not self.synced:
             self._sync()
             self.synced = True
@@ -75,7 +79,7 @@ class Colocated(Placement):
     def collect(self, step: int) -> tuple[RolloutBatch | None, dict[str, float]]:
         """Generation rounds until the informative groups of all ranks fill the batch; this
         rank's balanced share of it."""
-        self.start(step, step)  # the learner's weights in, if the loop did not start it
+        self._weights_in()
         t0 = time.perf_counter()
         sampler = self.gen.rounds(step, step)
         with warnings.catch_warnings(record=True) as caught:
@@ -98,7 +102,7 @@ class Colocated(Placement):
         return self._sync().metrics()
 
     def evaluate(self, step: int) -> dict[str, float]:
-        self.start(step, step)
+        self._weights_in()
         return self.gen.evaluate(self.eval_problems, step) if self.eval_problems else {}
 
     def close(self) -> None:
