@@ -344,6 +344,11 @@ class RunConfig:
     def disaggregated(self) -> bool:
         return self.rollout.mode == "disaggregated"
 
+    @property
+    def generator_nodes(self) -> int:
+        """Nodes of the generators' own (``rollout.generator_nodes`` of a disaggregated run; else 0)."""
+        return self.rollout.generator_nodes if self.disaggregated else 0
+
     def validate(self) -> None:
         """Cross-section checks (each section validates its own fields on construction)."""
         if self.rollout.engine not in ("vllm", "hf"):

@@ -6,6 +6,7 @@ JSONL logs trimmed on resume (:func:`trim_jsonl`), the per-rank rollout trace (:
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +105,6 @@ class Records:
 
     def write(self, m: dict[str, Any]) -> None:
         """One step's metrics line (rank 0): non-finite values as null; to the trackers too."""
-        import math
-
         if not self.acc.is_main_process:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in m.items()}

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from scale.placement.colocated import Colocated
+from scale.placement.interface import Placement
 
 
 class Recorded(Colocated):
@@ -35,3 +36,7 @@ class Recorded(Colocated):
 
 class NotAPlacement:
     """What ``rollout.mode`` must not accept: a class with the calls but not the interface."""
+
+
+class Incomplete(Placement):
+    """A placement without the calls the loop cannot do without (collect, publish)."""

@@ -36,6 +36,7 @@ def test_the_configs_choices_are_the_built_in_placements():
         ("no_such_module_here:Thing", "cannot import no_such_module_here:Thing"),
         ("placement_example:NotAPlacement", "is not a subclass of scale.placement.interface.Placement"),
         ("json:dumps", "is not a subclass"),
+        ("placement_example:Incomplete", "does not define collect, publish"),
     ],
 )
 def test_a_mode_that_names_no_placement_is_refused_in_one_line(mode, said):

@@ -204,8 +204,9 @@ class PickledComm:
         return [pickle.loads(b) for b in g.all_gather_bytes(pickle.dumps(obj), what)]
 
 
-def store(host: str, port: int, *, is_master: bool, members: int, timeout_s: float) -> Any:
-    """The bridge's rendezvous store (learner rank 0 hosts it; ``port`` 0: a free one)."""
+def store(host: str, port: int, *, is_master: bool, members: int | None, timeout_s: float) -> Any:
+    """The bridge's rendezvous store (learner rank 0 hosts it; ``port`` 0: a free one), or a
+    client of any store (``members`` None: a launcher's, whose size is not ours to say)."""
     import torch.distributed as dist
 
     return dist.TCPStore(

@@ -211,7 +211,7 @@ def host_bytes(cfg, params: int, *, nodes: int, gpus_per_node: int) -> dict[str,
     under ``rollout.delta_sync``, the version rank 0 sent last; rank 0's full fp32 copy while
     it loads and shards the model."""
     r = cfg.rollout
-    remote = r.generator_nodes if cfg.disaggregated else 0
+    remote = cfg.generator_nodes
     terms = {
         "offloaded trainer state": 16 * params / (nodes - remote) if cfg.train.fsdp_offload else 0.0,
         "rank 0 loading the fp32 model": 4 * params,

@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg is None:
         return 2
     node_gpus = per_node = args.gpus_per_node
-    gen_nodes = cfg.rollout.generator_nodes if cfg.disaggregated else 0
+    gen_nodes = cfg.generator_nodes
     learner_nodes = args.nodes - gen_nodes
     if gen_nodes:  # generators on nodes of their own, started by an agent on each
         r = cfg.rollout

@@ -269,7 +269,7 @@ def placement(
 
     colocated = 3600.0 * steps / simulate([gen_s(n) * x for x in noise], train_gpu_s / n, 0).total
     ks: tuple[int, ...] = (0, 1, 2)
-    nodes = cfg.rollout.generator_nodes if cfg.disaggregated else 0
+    nodes = cfg.generator_nodes
     roles: dict[str, int] = {}
     link = ("weights_broadcast_gbps", sync_gbps)
     splits = list(range(tp, n, tp))
@@ -567,9 +567,8 @@ def main(argv: list[str] | None = None) -> int:
         place = placement(
             pl, cfg, cluster, gen_gpus=args.gen_gpus, gen_cv=args.gen_cv, network_gbps=args.network_gbps
         )
-        gen_nodes = cfg.rollout.generator_nodes if cfg.disaggregated else 0
-        if gen_nodes:  # the learners' memory: sharded over their own nodes' GPUs only
-            learners = plan(cfg, replace(cluster, nodes=args.nodes - gen_nodes), strategy)
+        if cfg.generator_nodes:  # the learners' memory: sharded over their own nodes' GPUs only
+            learners = plan(cfg, replace(cluster, nodes=args.nodes - cfg.generator_nodes), strategy)
             pl.per_gpu_gib, pl.problems = learners.per_gpu_gib, learners.problems
             pl.train_phase_gib = learners.train_phase_gib
     except ValueError as err:
@@ -585,9 +584,7 @@ def main(argv: list[str] | None = None) -> int:
             + ", ".join(f"{k} {v / GiB:.0f}" for k, v in host.items() if v)
             + ")"
         )
-    gen_node = (
-        fit.generator_node_bytes(cfg, pl.params) if cfg.disaggregated and cfg.rollout.generator_nodes else 0.0
-    )
+    gen_node = fit.generator_node_bytes(cfg, pl.params) if cfg.generator_nodes else 0.0
     if gen_node > gpu.host_gib * GiB:
         pl.problems.append(
             f"host memory: {gen_node / GiB:.0f} GiB per generator node > {gpu.host_gib:g} GiB (versions its "

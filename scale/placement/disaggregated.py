@@ -60,7 +60,7 @@ from ..learner.sharding import dtype
 from ..learner.sync import MIB, SyncStats, stream_plan, stream_weights
 from ..records import trim_jsonl
 from . import generator_process
-from .generator_node import RemoteGenerators
+from .generator_node import RemoteGenerators, last_line
 from .interface import Placement
 
 
@@ -318,12 +318,7 @@ class GeneratorPool:
             if rc not in (None, 0):
                 i, j = divmod(g, self.tp)
                 log = self._log(g)
-                tail = (
-                    [x for x in log.read_text(errors="replace").splitlines() if x.strip()][-1:]
-                    if log.is_file()
-                    else []
-                )
-                said = f": {tail[0][:300]}" if tail else ""
+                said = f": {tail[:300]}" if (tail := last_line(log)) else ""
                 who = f"generator {i}" + (f" (tensor-parallel process {j})" if self.tp > 1 else "")
                 raise EngineError(f"{who} exited with status {rc} (see {log}){said}")
         if self.error is not None:

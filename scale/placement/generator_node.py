@@ -43,7 +43,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +89,9 @@ def share(node: int, nodes: int, generators: int, tp: int) -> Share:
 
 def launcher_store(addr: str, port: int, timeout_s: float) -> Any:
     """A client of the launcher's store (torchrun's agent hosts it at ``MASTER_ADDR:MASTER_PORT``)."""
-    import torch.distributed as dist
+    from ..dist.bridge import store
 
-    return dist.TCPStore(
-        addr, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
-    )
+    return store(addr, port, is_master=False, members=None, timeout_s=timeout_s)
 
 
 class RemoteGenerators:
@@ -169,7 +166,8 @@ class RemoteGenerators:
             time.sleep(0.1)
 
 
-def _last_line(log: Path) -> str:
+def last_line(log: Path) -> str:
+    """The last non-blank line of a process's log ("" without one): what it said before exiting."""
     try:
         lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
     except OSError:
@@ -230,7 +228,7 @@ class Agent:
                     "node": self.node,
                     "host": self.host,
                     "log": str(log),
-                    "last_line": _last_line(log),
+                    "last_line": last_line(log),
                 }
                 self.kv.set(f"{EXIT}{g}", json.dumps(e))
                 self.reported.add(g)

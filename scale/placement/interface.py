@@ -21,6 +21,7 @@ against them before anything loads; this module imports nothing heavy.
 from __future__ import annotations
 
 import importlib
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -39,7 +40,7 @@ class PlacementError(ValueError):
     """``rollout.mode`` names no placement this run can build (said before any model loads)."""
 
 
-class Placement:
+class Placement(ABC):
     """The calls the loop makes, and what every placement shares: a checkpoint's batches in
     flight are sampled again unless the placement keeps them (:meth:`keep_in_flight`)."""
 
@@ -53,19 +54,19 @@ class Placement:
     log: Any = print
     """Where its lines go (the trainer's ``log``)."""
 
-    def start(self, step: int, end: int) -> None:
+    def start(self, step: int, end: int) -> None:  # noqa: B027 (a default: nothing to do)
         """Before step ``step + 1``; the run stops after step ``end``."""
 
+    @abstractmethod
     def collect(self, step_done: int) -> tuple[RolloutBatch | None, dict[str, float]]:
         """This rank's share of batch ``step_done + 1`` (None: none), and its metrics."""
-        raise NotImplementedError
 
-    def before_update(self) -> None:
+    def before_update(self) -> None:  # noqa: B027 (a default: nothing to do)
         """Just before the learner's update (the colocated engine sleeps)."""
 
+    @abstractmethod
     def publish(self, version: int) -> dict[str, float]:
         """Policy ``version`` (the weights after step ``version``) to whoever generates; metrics."""
-        raise NotImplementedError
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Scores of the current policy (``eval.every``); {} where the placement cannot."""
@@ -75,7 +76,7 @@ class Placement:
         """This rank's part of the checkpoint after step ``step``: ``state`` and the placement's own."""
         return state
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a default: nothing to do)
         """The run has finished."""
 
     # ---- resume ----------------------------------------------------------------------------
@@ -137,5 +138,7 @@ def placement_class(mode: str) -> type[Placement]:
         raise PlacementError(
             f"rollout.mode={mode!r}: {target} is not a subclass of scale.placement.interface.Placement"
         )
+    if missing := sorted(getattr(cls, "__abstractmethods__", ())):
+        raise PlacementError(f"rollout.mode={mode!r}: {target} does not define {', '.join(missing)}")
     cls.mode = mode
     return cls
